@@ -1,0 +1,22 @@
+module mcsidecar
+
+go 1.26.8
+
+require (
+	github.com/bradfitz/gomemcache v0.0.0-20260422231931-4d751bb6e37c
+	github.com/cespare/xxhash/v2 v2.3.0
+	github.com/dgryski/go-jump v0.0.0-20170409065014-e1f439676b57
+	github.com/facette/natsort v0.0.0-20181210072756-2cd4dd1e2dcb
+	github.com/prometheus/client_golang v1.25.0
+	github.com/spf13/pflag v1.1.0
+)
+
+require (
+	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/prometheus/client_model v0.6.3 // indirect
+	github.com/prometheus/common v0.72.0 // indirect
+	github.com/prometheus/procfs v0.22.0 // indirect
+	golang.org/x/sys v0.50.0 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+)

@@ -1,0 +1,190 @@
+package proxy
+
+import (
+	"bytes"
+	"sync"
+)
+
+// arithmetic answers incr and decr.
+func (c *conn) arithmetic(w [][]byte, incr bool) error {
+	id := cmdDecr
+	if incr {
+		id = cmdIncr
+	}
+	c.noreply = bytes.Equal(w[len(w)-1], noreplyWord)
+	key := w[1]
+	if len(key) > keyMaxLength {
+		return c.clientError(id, replyBadFormat)
+	}
+	delta, ok := parseUint64(w[2])
+	if !ok {
+		return c.clientError(id, replyBadDelta)
+	}
+	if !forwardable(key) {
+		c.p.stats.record(id, outcomeNotFound)
+		c.reply(replyNotFound)
+		return nil
+	}
+	k := string(key)
+	srv := c.p.servers[c.serverFor(k)]
+	var n uint64
+	var err error
+	if incr {
+		n, err = srv.client.Increment(k, delta)
+	} else {
+		n, err = srv.client.Decrement(k, delta)
+	}
+	if err != nil {
+		return c.upstreamError(id, err)
+	}
+	c.p.stats.record(id, outcomeOK)
+	c.replyNumber(n)
+	return nil
+}
+
+// touch answers touch.
+func (c *conn) touch(w [][]byte) error {
+	c.noreply = bytes.Equal(w[len(w)-1], noreplyWord)
+	key := w[1]
+	if len(key) > keyMaxLength {
+		return c.clientError(cmdTouch, replyBadFormat)
+	}
+	exptime, ok := parseInt32(w[2])
+	if !ok {
+		return c.clientError(cmdTouch, replyBadExptime)
+	}
+	if !forwardable(key) {
+		c.p.stats.record(cmdTouch, outcomeNotFound)
+		c.reply(replyNotFound)
+		return nil
+	}
+	k := string(key)
+	if err := c.p.servers[c.serverFor(k)].client.Touch(k, exptime); err != nil {
+		return c.upstreamError(cmdTouch, err)
+	}
+	c.p.stats.record(cmdTouch, outcomeOK)
+	c.reply(replyTouched)
+	return nil
+}
+
+// delete answers delete. Like memcached it still takes the old "delete
+// <key> 0" form, and nothing else after the key but noreply.
+func (c *conn) delete(w [][]byte) error {
+	if len(w) > 2 {
+		holdZero := bytes.Equal(w[2], []byte("0"))
+		c.noreply = bytes.Equal(w[len(w)-1], noreplyWord)
+		valid := len(w) == 3 && (holdZero || c.noreply) || len(w) == 4 && holdZero && c.noreply
+		if !valid {
+			return c.clientError(cmdDelete, replyBadDeleteUsage)
+		}
+	}
+	key := w[1]
+	if len(key) > keyMaxLength {
+		return c.clientError(cmdDelete, replyBadFormat)
+	}
+	if !forwardable(key) {
+		c.p.stats.record(cmdDelete, outcomeNotFound)
+		c.reply(replyNotFound)
+		return nil
+	}
+	k := string(key)
+	if err := c.p.servers[c.serverFor(k)].client.Delete(k); err != nil {
+		return c.upstreamError(cmdDelete, err)
+	}
+	c.p.stats.record(cmdDelete, outcomeOK)
+	c.reply(replyDeleted)
+	return nil
+}
+
+// flushAll sends flush_all, with the client's delay, to every server. It
+// answers OK only when every server did.
+func (c *conn) flushAll(w [][]byte) error {
+	c.noreply = bytes.Equal(w[len(w)-1], noreplyWord)
+	var delay int32
+	withDelay := false
+	want := 1
+	if c.noreply {
+		want = 2
+	}
+	if len(w) != want {
+		var ok bool
+		if delay, ok = parseInt32(w[1]); !ok {
+			return c.clientError(cmdFlushAll, replyBadExptime)
+		}
+		withDelay = true
+	}
+	errs := make([]error, len(c.p.servers))
+	var wg sync.WaitGroup
+	for i, s := range c.p.servers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = s.extra.flushAll(delay, withDelay)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return c.upstreamError(cmdFlushAll, err)
+		}
+	}
+	c.p.stats.record(cmdFlushAll, outcomeOK)
+	c.reply(replyOK)
+	return nil
+}
+
+// version names the proxy.
+func (c *conn) version([][]byte) error {
+	c.p.stats.record(cmdVersion, outcomeOK)
+	c.reply([]byte("VERSION " + c.p.version + "\r\n"))
+	return nil
+}
+
+// verbosity is accepted and answered as memcached does; the proxy's own
+// log level is a flag.
+func (c *conn) verbosity(w [][]byte) error {
+	c.noreply = bytes.Equal(w[len(w)-1], noreplyWord)
+	if _, ok := parseUint32(w[1]); !ok {
+		return c.clientError(cmdVerbosity, replyBadFormat)
+	}
+	c.p.stats.record(cmdVerbosity, outcomeOK)
+	c.reply(replyOK)
+	return nil
+}
+
+// stats answers the proxy's own counters; "stats reset" zeroes them.
+// Subcommands about memcached's memory (items, slabs, settings…) belong to
+// each upstream server and are answered ERROR.
+func (c *conn) stats(w [][]byte) error {
+	switch {
+	case len(w) == 1:
+		c.p.stats.record(cmdStats, outcomeOK)
+		c.scratch = c.p.stats.appendStats(c.scratch[:0], c.p)
+		c.wr.Write(c.scratch)
+	case string(w[1]) == "reset":
+		c.p.stats.reset()
+		c.p.stats.record(cmdStats, outcomeOK)
+		c.reply(replyReset)
+	default:
+		return c.clientError(cmdStats, replyError)
+	}
+	return nil
+}
+
+func (c *conn) clientError(id int, reply []byte) error {
+	c.p.stats.record(id, outcomeClientError)
+	c.reply(reply)
+	return nil
+}
+
+// upstreamError answers a failed upstream call with memcached's reply for
+// the cache outcome, or SERVER_ERROR for a failure.
+func (c *conn) upstreamError(id int, err error) error {
+	reply, oc := upstreamReply(err)
+	if oc == outcomeUpstreamError {
+		c.p.upstreamFailed(err)
+	}
+	c.p.stats.record(id, oc)
+	c.reply(reply)
+	return nil
+}

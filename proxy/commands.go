@@ -1,0 +1,165 @@
+package proxy
+
+import (
+	"bytes"
+	"strings"
+)
+
+// command is one row of the command table: the verb, how many words its
+// line may have (the verb included, as memcached counts them), and its
+// handler. The table also bounds the metrics' command label.
+type command struct {
+	id       int
+	name     string
+	minWords int
+	maxWords int // 0: no limit (retrieval commands take any number of keys)
+	run      func(c *conn, words [][]byte) error
+}
+
+// Command ids, in table order.
+const (
+	cmdGet = iota
+	cmdGets
+	cmdGat
+	cmdGats
+	cmdSet
+	cmdAdd
+	cmdReplace
+	cmdAppend
+	cmdPrepend
+	cmdCas
+	cmdIncr
+	cmdDecr
+	cmdTouch
+	cmdDelete
+	cmdFlushAll
+	cmdVersion
+	cmdVerbosity
+	cmdStats
+	cmdQuit
+	cmdUnknown // not a command: counts requests answered ERROR
+	numCommands
+)
+
+// commands is the command table. The word counts are memcached's token
+// checks (WANT_TOKENS*) less its terminal token; a line over its count is
+// answered ERROR, as memcached does.
+var commands = [numCommands]command{
+	cmdGet:       {name: "get", minWords: 2, run: func(c *conn, w [][]byte) error { return c.retrieve(w[1:], false) }},
+	cmdGets:      {name: "gets", minWords: 2, run: func(c *conn, w [][]byte) error { return c.retrieve(w[1:], true) }},
+	cmdGat:       {name: "gat", minWords: 2, run: func(c *conn, w [][]byte) error { return c.getAndTouch(w[1:], false) }},
+	cmdGats:      {name: "gats", minWords: 2, run: func(c *conn, w [][]byte) error { return c.getAndTouch(w[1:], true) }},
+	cmdSet:       {name: "set", minWords: 5, maxWords: 6, run: func(c *conn, w [][]byte) error { return c.store(cmdSet, w) }},
+	cmdAdd:       {name: "add", minWords: 5, maxWords: 6, run: func(c *conn, w [][]byte) error { return c.store(cmdAdd, w) }},
+	cmdReplace:   {name: "replace", minWords: 5, maxWords: 6, run: func(c *conn, w [][]byte) error { return c.store(cmdReplace, w) }},
+	cmdAppend:    {name: "append", minWords: 5, maxWords: 6, run: func(c *conn, w [][]byte) error { return c.store(cmdAppend, w) }},
+	cmdPrepend:   {name: "prepend", minWords: 5, maxWords: 6, run: func(c *conn, w [][]byte) error { return c.store(cmdPrepend, w) }},
+	cmdCas:       {name: "cas", minWords: 6, maxWords: 7, run: func(c *conn, w [][]byte) error { return c.store(cmdCas, w) }},
+	cmdIncr:      {name: "incr", minWords: 3, maxWords: 4, run: func(c *conn, w [][]byte) error { return c.arithmetic(w, true) }},
+	cmdDecr:      {name: "decr", minWords: 3, maxWords: 4, run: func(c *conn, w [][]byte) error { return c.arithmetic(w, false) }},
+	cmdTouch:     {name: "touch", minWords: 3, maxWords: 4, run: (*conn).touch},
+	cmdDelete:    {name: "delete", minWords: 2, maxWords: 4, run: (*conn).delete},
+	cmdFlushAll:  {name: "flush_all", minWords: 1, maxWords: 3, run: (*conn).flushAll},
+	cmdVersion:   {name: "version", minWords: 1, run: (*conn).version},
+	cmdVerbosity: {name: "verbosity", minWords: 2, maxWords: 3, run: (*conn).verbosity},
+	cmdStats:     {name: "stats", minWords: 1, run: (*conn).stats},
+	cmdQuit:      {name: "quit", minWords: 1, run: func(*conn, [][]byte) error { return errQuit }},
+	cmdUnknown:   {name: "unknown"},
+}
+
+func init() {
+	for i := range commands {
+		commands[i].id = i
+	}
+}
+
+// lookup finds the command for verb. "bget" is memcached's ancient alias
+// of get, still accepted.
+func lookup(verb []byte) *command {
+	switch string(verb) {
+	case "get", "bget":
+		return &commands[cmdGet]
+	case "gets":
+		return &commands[cmdGets]
+	case "gat":
+		return &commands[cmdGat]
+	case "gats":
+		return &commands[cmdGats]
+	case "set":
+		return &commands[cmdSet]
+	case "add":
+		return &commands[cmdAdd]
+	case "replace":
+		return &commands[cmdReplace]
+	case "append":
+		return &commands[cmdAppend]
+	case "prepend":
+		return &commands[cmdPrepend]
+	case "cas":
+		return &commands[cmdCas]
+	case "incr":
+		return &commands[cmdIncr]
+	case "decr":
+		return &commands[cmdDecr]
+	case "touch":
+		return &commands[cmdTouch]
+	case "delete":
+		return &commands[cmdDelete]
+	case "flush_all":
+		return &commands[cmdFlushAll]
+	case "version":
+		return &commands[cmdVersion]
+	case "verbosity":
+		return &commands[cmdVerbosity]
+	case "stats":
+		return &commands[cmdStats]
+	case "quit":
+		return &commands[cmdQuit]
+	}
+	return nil
+}
+
+// dispatch parses one command line and runs it. It returns an error only
+// when the connection must close.
+func (c *conn) dispatch(line []byte) error {
+	c.noreply = false
+	words, overflow := tokenize(c.words, line, maxTokens-1)
+	c.words = words
+	if len(words) == 0 || len(words[0]) < 2 {
+		return c.unknown()
+	}
+	cmd := lookup(words[0])
+	if cmd == nil {
+		// memcached hangs up on what looks like an HTTP request, but only
+		// after its verb dispatch found no family for the first letter.
+		v := words[0]
+		family := strings.IndexByte("gsacidt", v[0]) >= 0 || v[0] == 'm' && len(v) == 2
+		if !family &&
+			bytes.HasPrefix(words[len(words)-1], []byte("HTTP/")) {
+			return errQuit
+		}
+		return c.unknown()
+	}
+	n := len(words)
+	if overflow {
+		if cmd.maxWords == 0 {
+			words, _ = tokenize(c.words, line, len(line))
+			c.words = words
+			n = len(words)
+		} else {
+			n = maxTokens
+		}
+	}
+	if n < cmd.minWords || cmd.maxWords > 0 && n > cmd.maxWords {
+		c.p.stats.record(cmd.id, outcomeClientError)
+		c.reply(replyError)
+		return nil
+	}
+	return cmd.run(c, words)
+}
+
+func (c *conn) unknown() error {
+	c.p.stats.record(cmdUnknown, outcomeClientError)
+	c.reply(replyError)
+	return nil
+}

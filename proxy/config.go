@@ -1,0 +1,143 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// Config is everything the proxy needs to listen and reach its upstreams.
+type Config struct {
+	Listen           string
+	Upstreams        []string
+	Selector         string
+	Timeout          time.Duration
+	ConnectTimeout   time.Duration
+	MaxIdleConns     int
+	GetWorkers       int
+	GetBatchKeys     int
+	RetrievalFailure string
+	MaxItemSize      ByteSize
+	MaxRequestLine   ByteSize
+}
+
+// Replies to a retrieval whose upstream failed, for --upstream-retrieval-failure.
+const (
+	failureMiss  = "miss"
+	failureError = "error"
+)
+
+// RegisterFlags adds the proxy's flags to fs, with defaults meant for a
+// sidecar of a Mimir store-gateway.
+func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.Listen, "listen", "127.0.0.1:11311", "memcached-protocol address to serve: host:port or unix:/path")
+	fs.StringSliceVar(&c.Upstreams, "upstream", []string{"127.0.0.1:11211"}, "memcached servers, repeatable or comma-separated: host:port or unix:/path")
+	fs.StringVar(&c.Selector, "upstream-selector", selectJump, "server selection: jump (dskit's jump hash over xxhash64, as Mimir and Thanos clients pick) or ketama (libmemcached/twemproxy continuum, MD5)")
+	fs.DurationVar(&c.Timeout, "upstream-timeout", 200*time.Millisecond, "read/write timeout of one upstream request")
+	fs.DurationVar(&c.ConnectTimeout, "upstream-connect-timeout", 100*time.Millisecond, "timeout to connect to an upstream server")
+	fs.IntVar(&c.MaxIdleConns, "upstream-max-idle-conns", 16, "idle connections kept per upstream server")
+	fs.IntVar(&c.GetWorkers, "upstream-get-workers", 4, "concurrent multi-gets per upstream server; gets arriving while all are busy are coalesced into the next one")
+	fs.IntVar(&c.GetBatchKeys, "upstream-get-batch-keys", 100, "most keys coalesced into one upstream multi-get")
+	fs.StringVar(&c.RetrievalFailure, "upstream-retrieval-failure", failureMiss, "reply to a retrieval whose upstream failed: miss or error (SERVER_ERROR)")
+	c.MaxItemSize = 1 << 20
+	fs.Var(&c.MaxItemSize, "max-item-size", "largest value accepted, as memcached's -I (bytes, or with k/m suffix)")
+	c.MaxRequestLine = 1 << 20
+	fs.Var(&c.MaxRequestLine, "max-request-line", "longest retrieval command line (other lines follow memcached's 2048-byte framing)")
+}
+
+// Validate reports the first setting that cannot work.
+func (c *Config) Validate() error {
+	if c.Listen == "" {
+		return errors.New("--listen is empty")
+	}
+	if len(c.Upstreams) == 0 {
+		return errors.New("--upstream names no server")
+	}
+	for _, u := range c.Upstreams {
+		if _, _, err := splitUpstream(u); err != nil {
+			return err
+		}
+	}
+	if _, err := newSelector(c.Selector, nil); err != nil {
+		return fmt.Errorf("--upstream-selector: %w", err)
+	}
+	switch {
+	case c.Timeout <= 0:
+		return errors.New("--upstream-timeout must be positive")
+	case c.ConnectTimeout <= 0:
+		return errors.New("--upstream-connect-timeout must be positive")
+	case c.MaxIdleConns < 1:
+		return errors.New("--upstream-max-idle-conns must be at least 1")
+	case c.GetWorkers < 1:
+		return errors.New("--upstream-get-workers must be at least 1")
+	case c.GetBatchKeys < 1:
+		return errors.New("--upstream-get-batch-keys must be at least 1")
+	case c.RetrievalFailure != failureMiss && c.RetrievalFailure != failureError:
+		return fmt.Errorf("--upstream-retrieval-failure must be %s or %s", failureMiss, failureError)
+	case c.MaxItemSize < 1 || c.MaxItemSize > 1<<30:
+		return errors.New("--max-item-size must be between 1 byte and 1 GiB")
+	case c.MaxRequestLine < lineLimit:
+		return fmt.Errorf("--max-request-line must be at least %d", lineLimit)
+	}
+	return nil
+}
+
+// splitUpstream turns an --upstream entry into a network and address.
+func splitUpstream(s string) (network, addr string, err error) {
+	if path, ok := strings.CutPrefix(s, "unix:"); ok {
+		if path == "" {
+			return "", "", fmt.Errorf("--upstream %q: empty socket path", s)
+		}
+		return "unix", path, nil
+	}
+	if strings.HasPrefix(s, "dns+") || strings.HasPrefix(s, "dnssrv+") {
+		return "", "", fmt.Errorf("--upstream %q: DNS discovery is not supported yet", s)
+	}
+	host, port, err := splitHostPort(s)
+	if err != nil {
+		return "", "", fmt.Errorf("--upstream %q: %w", s, err)
+	}
+	return "tcp", host + ":" + port, nil
+}
+
+func splitHostPort(s string) (host, port string, err error) {
+	i := strings.LastIndexByte(s, ':')
+	if i < 0 {
+		return "", "", errors.New("want host:port")
+	}
+	host, port = s[:i], s[i+1:]
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return "", "", errors.New("bad port")
+	}
+	return host, port, nil
+}
+
+// ByteSize is a byte count flag that also takes k and m suffixes (powers of
+// 1024), the way memcached's -I does.
+type ByteSize int
+
+func (b *ByteSize) String() string { return strconv.Itoa(int(*b)) }
+
+// Type names the flag's value type in --help.
+func (b *ByteSize) Type() string { return "bytes" }
+
+// Set parses a size such as 1048576, 1024k or 1m.
+func (b *ByteSize) Set(s string) error {
+	mult := 1
+	switch {
+	case strings.HasSuffix(s, "k"), strings.HasSuffix(s, "K"):
+		mult, s = 1<<10, s[:len(s)-1]
+	case strings.HasSuffix(s, "m"), strings.HasSuffix(s, "M"):
+		mult, s = 1<<20, s[:len(s)-1]
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || n > (1<<40)/mult {
+		return fmt.Errorf("bad size %q", s)
+	}
+	*b = ByteSize(n * mult)
+	return nil
+}

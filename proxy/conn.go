@@ -1,0 +1,160 @@
+package proxy
+
+import (
+	"bufio"
+	"errors"
+	"net"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/bradfitz/gomemcache/memcache"
+)
+
+const (
+	readBufferSize  = 16 << 10 // memcached's own READ_BUFFER_SIZE
+	writeBufferSize = 16 << 10
+	keyMaxLength    = 250 // memcached's KEY_MAX_LENGTH
+)
+
+// errQuit closes a connection after its pending replies are written.
+var errQuit = errors.New("quit")
+
+// conn is one client connection. Everything it needs per request is kept
+// here and reused, so a steady stream of requests allocates little beyond
+// what gomemcache itself does.
+type conn struct {
+	p       *Proxy
+	nc      net.Conn
+	rd      *reader
+	wr      *bufio.Writer
+	words   [][]byte
+	noreply bool   // suppresses every reply of the current command
+	busy    atomic.Bool
+
+	calls   []*getCall // one per upstream server
+	keys    []string
+	owners  []keyOwner
+	used    []bool
+	item    memcache.Item
+	scratch []byte
+}
+
+// keyOwner locates one requested key's result: which server's call, and
+// where in it. srv < 0 marks a key no server can hold.
+type keyOwner struct{ srv, pos int32 }
+
+func newConn(p *Proxy, nc net.Conn) *conn {
+	cc := &countingConn{Conn: nc, stats: p.stats}
+	c := &conn{p: p, nc: nc, wr: bufio.NewWriterSize(cc, writeBufferSize)}
+	c.rd = newReader(cc, readBufferSize, int(p.cfg.MaxRequestLine), c.flush)
+	c.words = make([][]byte, 0, maxTokens)
+	c.calls = make([]*getCall, len(p.servers))
+	for i := range c.calls {
+		c.calls[i] = newGetCall()
+	}
+	return c
+}
+
+// flush writes buffered replies. The reader calls it before any read that
+// may block, so replies to a pipelined batch leave in one write.
+func (c *conn) flush() error {
+	if c.wr.Buffered() == 0 {
+		return nil
+	}
+	return c.wr.Flush()
+}
+
+// serve runs the connection until the client leaves, breaks framing, or the
+// proxy shuts down.
+func (c *conn) serve() {
+	defer c.nc.Close()
+	for {
+		line, err := c.rd.line()
+		if err == errNeedMore {
+			if c.p.draining() {
+				c.flush()
+				return
+			}
+			c.busy.Store(false)
+			err = c.rd.fill()
+			c.busy.Store(true)
+			if err != nil {
+				return
+			}
+			continue
+		}
+		if err != nil {
+			c.flush()
+			return
+		}
+		if err := c.dispatch(line); err != nil {
+			c.flush()
+			return
+		}
+	}
+}
+
+// reply writes b unless the command asked for noreply.
+func (c *conn) reply(b []byte) {
+	if !c.noreply {
+		c.wr.Write(b)
+	}
+}
+
+// replyNumber writes a decimal number line, as incr and decr answer.
+func (c *conn) replyNumber(n uint64) {
+	c.scratch = strconv.AppendUint(c.scratch[:0], n, 10)
+	c.scratch = append(c.scratch, crlf...)
+	c.reply(c.scratch)
+}
+
+// writeValue writes one VALUE block of a retrieval reply.
+func (c *conn) writeValue(key string, it *memcache.Item, withCAS bool) {
+	b := append(c.scratch[:0], replyValue...)
+	b = append(b, key...)
+	b = append(b, ' ')
+	b = strconv.AppendUint(b, uint64(it.Flags), 10)
+	b = append(b, ' ')
+	b = strconv.AppendUint(b, uint64(len(it.Value)), 10)
+	if withCAS {
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, it.CasID, 10)
+	}
+	b = append(b, crlf...)
+	c.scratch = b
+	c.wr.Write(b)
+	c.wr.Write(it.Value)
+	c.wr.Write(crlf)
+}
+
+// forwardable reports whether the upstream client can carry key as it is:
+// gomemcache refuses control bytes, spaces and DEL.
+func forwardable(key []byte) bool {
+	for _, b := range key {
+		if b <= ' ' || b == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// serverFor returns the index of the server that owns key.
+func (c *conn) serverFor(key string) int { return c.p.sel.pick(key) }
+
+// countingConn counts the bytes a client sends and receives for stats.
+type countingConn struct {
+	net.Conn
+	stats *stats
+}
+
+func (cc *countingConn) Read(b []byte) (int, error) {
+	n, err := cc.Conn.Read(b)
+	cc.stats.bytesRead.Add(uint64(n))
+	return n, err
+}
+
+func (cc *countingConn) Write(b []byte) (int, error) {
+	n, err := cc.Conn.Write(b)
+	cc.stats.bytesWritten.Add(uint64(n))
+	return n, err
+}

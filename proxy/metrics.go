@@ -1,0 +1,59 @@
+package proxy
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// collector exports the proxy's counters to Prometheus. It reads the same
+// atomics the "stats" command reads, at scrape time, so the request path
+// pays nothing for metrics. Every command and outcome pair is exported,
+// zero or not.
+type collector struct {
+	p           *Proxy
+	requests    *prometheus.Desc
+	connections *prometheus.Desc
+	accepted    *prometheus.Desc
+	bytesIn     *prometheus.Desc
+	bytesOut    *prometheus.Desc
+	keys        *prometheus.Desc
+	upErrors    *prometheus.Desc
+	upServers   *prometheus.Desc
+}
+
+// Register adds the proxy's metrics to reg.
+func (p *Proxy) Register(reg prometheus.Registerer) error {
+	const ns = "mcsidecar"
+	return reg.Register(&collector{
+		p:           p,
+		requests:    prometheus.NewDesc(ns+"_requests_total", "Client requests by command and outcome.", []string{"command", "outcome"}, nil),
+		connections: prometheus.NewDesc(ns+"_client_connections", "Client connections open now.", nil, nil),
+		accepted:    prometheus.NewDesc(ns+"_client_connections_accepted_total", "Client connections accepted.", nil, nil),
+		bytesIn:     prometheus.NewDesc(ns+"_client_read_bytes_total", "Bytes read from clients.", nil, nil),
+		bytesOut:    prometheus.NewDesc(ns+"_client_written_bytes_total", "Bytes written to clients.", nil, nil),
+		keys:        prometheus.NewDesc(ns+"_retrieved_keys_total", "Keys asked for by retrieval commands, by result.", []string{"result"}, nil),
+		upErrors:    prometheus.NewDesc(ns+"_upstream_errors_total", "Upstream requests that failed (timeouts, refused connections, bad replies).", nil, nil),
+		upServers:   prometheus.NewDesc(ns+"_upstream_servers", "Upstream memcached servers configured.", nil, nil),
+	})
+}
+
+func (m *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{m.requests, m.connections, m.accepted, m.bytesIn, m.bytesOut, m.keys, m.upErrors, m.upServers} {
+		ch <- d
+	}
+}
+
+func (m *collector) Collect(ch chan<- prometheus.Metric) {
+	s := m.p.stats
+	for id := range numCommands {
+		for oc := range numOutcomes {
+			ch <- prometheus.MustNewConstMetric(m.requests, prometheus.CounterValue,
+				float64(s.requests[id][oc].Load()), commands[id].name, outcomeNames[oc])
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(m.connections, prometheus.GaugeValue, float64(s.currConns.Load()))
+	ch <- prometheus.MustNewConstMetric(m.accepted, prometheus.CounterValue, float64(s.totalConns.Load()))
+	ch <- prometheus.MustNewConstMetric(m.bytesIn, prometheus.CounterValue, float64(s.bytesRead.Load()))
+	ch <- prometheus.MustNewConstMetric(m.bytesOut, prometheus.CounterValue, float64(s.bytesWritten.Load()))
+	ch <- prometheus.MustNewConstMetric(m.keys, prometheus.CounterValue, float64(s.getHits.Load()+s.touchHits.Load()), "hit")
+	ch <- prometheus.MustNewConstMetric(m.keys, prometheus.CounterValue, float64(s.getMisses.Load()+s.touchMisses.Load()), "miss")
+	ch <- prometheus.MustNewConstMetric(m.upErrors, prometheus.CounterValue, float64(s.upstreamErrors.Load()))
+	ch <- prometheus.MustNewConstMetric(m.upServers, prometheus.GaugeValue, float64(len(m.p.servers)))
+}

@@ -1,0 +1,105 @@
+package proxy
+
+// maxTokens mirrors memcached's MAX_TOKENS: it tokenizes at most 23 words of
+// a command line plus a terminal token, and every non-retrieval command is
+// validated against that count.
+const maxTokens = 24
+
+// tokenize splits line on single spaces the way memcached's tokenize_command
+// does: runs of spaces separate words, other bytes (tabs included) belong to
+// words. Words are appended to dst as sub-slices of line, so nothing is
+// copied. At most limit words are taken; more reports true in overflow.
+func tokenize(dst [][]byte, line []byte, limit int) (words [][]byte, overflow bool) {
+	words = dst[:0]
+	start := -1
+	for i, b := range line {
+		if b == ' ' {
+			if start >= 0 {
+				if len(words) == limit {
+					return words, true
+				}
+				words = append(words, line[start:i])
+				start = -1
+			}
+			continue
+		}
+		if start < 0 {
+			start = i
+		}
+	}
+	if start >= 0 {
+		if len(words) == limit {
+			return words, true
+		}
+		words = append(words, line[start:])
+	}
+	return words, false
+}
+
+// isCSpace reports whether b is white space for C's isspace in the C locale.
+func isCSpace(b byte) bool {
+	return b == ' ' || (b >= '\t' && b <= '\r')
+}
+
+// parseCUnsigned parses s the way C's strtoull does in base 10: leading
+// white space, an optional sign, then digits. A minus sign negates the value
+// modulo 2^64, as C does. It fails when no digit is read, on overflow, or
+// when anything but white space follows the digits — memcached's
+// safe_strto* rules.
+func parseCUnsigned(s []byte) (v uint64, negative, ok bool) {
+	i := 0
+	for i < len(s) && isCSpace(s[i]) {
+		i++
+	}
+	if i < len(s) && (s[i] == '+' || s[i] == '-') {
+		negative = s[i] == '-'
+		i++
+	}
+	start := i
+	for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
+		d := uint64(s[i] - '0')
+		if v > (1<<64-1-d)/10 {
+			return 0, false, false
+		}
+		v = v*10 + d
+	}
+	if i == start || (i < len(s) && !isCSpace(s[i])) {
+		return 0, false, false
+	}
+	if negative {
+		v = -v
+	}
+	return v, negative, true
+}
+
+// parseUint64 is memcached's safe_strtoull: a negative sign is refused when
+// the result would read as a negative signed number.
+func parseUint64(s []byte) (uint64, bool) {
+	v, neg, ok := parseCUnsigned(s)
+	if !ok || (neg && int64(v) < 0) {
+		return 0, false
+	}
+	return v, true
+}
+
+// parseUint32 is memcached's safe_strtoul on a 64-bit build: it parses 64
+// bits and keeps the low 32, as the C assignment does.
+func parseUint32(s []byte) (uint32, bool) {
+	v, ok := parseUint64(s)
+	return uint32(v), ok
+}
+
+// parseInt32 is memcached's safe_strtol on a 64-bit build: strtol's range is
+// int64, and the result is truncated to 32 bits.
+func parseInt32(s []byte) (int32, bool) {
+	v, neg, ok := parseCUnsigned(s)
+	if !ok {
+		return 0, false
+	}
+	// strtol reports ERANGE outside [-2^63, 2^63-1]; after the modular
+	// negation an in-range negative number reads as negative (or zero).
+	if neg && v != 0 && int64(v) > 0 || !neg && int64(v) < 0 {
+		return 0, false
+	}
+	return int32(int64(v)), true
+}

@@ -1,0 +1,222 @@
+// Package proxy is the memcached text-protocol server of the sidecar: it
+// accepts client connections, parses every pipelined command, forwards each
+// to the upstream memcached server that owns its key through gomemcache,
+// and answers exactly as memcached would.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Proxy serves the memcached protocol in front of a set of upstream servers.
+type Proxy struct {
+	cfg     Config
+	version string
+	log     *slog.Logger
+	servers []*server
+	sel     selector
+	stats   *stats
+
+	drain     atomic.Bool
+	mu        sync.Mutex
+	listeners []net.Listener
+	conns     map[*conn]struct{}
+	wg        sync.WaitGroup
+}
+
+// New validates cfg and builds a proxy over its upstream servers. No
+// connection is made until a client asks for something.
+func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	names := orderServers(cfg.Upstreams)
+	sel, err := newSelector(cfg.Selector, names)
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{
+		cfg:     cfg,
+		version: version,
+		log:     log,
+		sel:     sel,
+		stats:   newStats(),
+		conns:   make(map[*conn]struct{}),
+	}
+	for _, name := range names {
+		s, err := newServer(name, &cfg)
+		if err != nil {
+			p.closeServers()
+			return nil, err
+		}
+		p.servers = append(p.servers, s)
+	}
+	return p, nil
+}
+
+// Listen opens the address of --listen: host:port or unix:/path.
+func Listen(addr string) (net.Listener, error) {
+	if path, ok := cutUnix(addr); ok {
+		return net.Listen("unix", path)
+	}
+	return net.Listen("tcp", addr)
+}
+
+func cutUnix(addr string) (string, bool) {
+	if len(addr) > 5 && addr[:5] == "unix:" {
+		return addr[5:], true
+	}
+	return "", false
+}
+
+// Serve accepts clients on ln until Shutdown. It returns nil after a
+// shutdown and the accept error otherwise.
+func (p *Proxy) Serve(ln net.Listener) error {
+	p.mu.Lock()
+	if p.drain.Load() {
+		p.mu.Unlock()
+		ln.Close()
+		return nil
+	}
+	p.listeners = append(p.listeners, ln)
+	p.mu.Unlock()
+	var backoff time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if p.drain.Load() {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, errTooManyFiles) {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				p.log.Warn("accept failed", "err", err, "retry_in", backoff)
+				time.Sleep(backoff)
+				continue
+			}
+			return fmt.Errorf("accept: %w", err)
+		}
+		backoff = 0
+		c := newConn(p, nc)
+		if !p.track(c) {
+			nc.Close()
+			continue
+		}
+		go func() {
+			defer p.untrack(c)
+			c.serve()
+		}()
+	}
+}
+
+func (p *Proxy) track(c *conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drain.Load() {
+		return false
+	}
+	p.conns[c] = struct{}{}
+	p.wg.Add(1)
+	p.stats.currConns.Add(1)
+	p.stats.totalConns.Add(1)
+	return true
+}
+
+func (p *Proxy) untrack(c *conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+	p.stats.currConns.Add(-1)
+	p.wg.Done()
+}
+
+// draining reports whether Shutdown has begun.
+func (p *Proxy) draining() bool { return p.drain.Load() }
+
+// Shutdown stops accepting, lets every connection finish the requests it
+// has read, closes idle connections, and then closes the upstream clients.
+// When ctx ends first, the remaining connections are closed at once.
+func (p *Proxy) Shutdown(ctx context.Context) error {
+	p.mu.Lock()
+	p.drain.Store(true)
+	for _, ln := range p.listeners {
+		ln.Close()
+	}
+	p.mu.Unlock()
+
+	done := make(chan struct{})
+	go func() {
+		p.wg.Wait()
+		close(done)
+	}()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	var err error
+wait:
+	for {
+		p.wakeIdle()
+		select {
+		case <-done:
+			break wait
+		case <-tick.C:
+		case <-ctx.Done():
+			err = ctx.Err()
+			p.mu.Lock()
+			for c := range p.conns {
+				c.nc.Close()
+			}
+			p.mu.Unlock()
+			<-done
+			break wait
+		}
+	}
+	p.closeServers()
+	return err
+}
+
+// wakeIdle ends the blocked read of every connection that is waiting for a
+// request, so it sees the shutdown and closes.
+func (p *Proxy) wakeIdle() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	for c := range p.conns {
+		if !c.busy.Load() {
+			c.nc.SetReadDeadline(now)
+		}
+	}
+}
+
+func (p *Proxy) closeServers() {
+	for _, s := range p.servers {
+		s.close()
+	}
+}
+
+// upstreamFailed counts an upstream failure.
+func (p *Proxy) upstreamFailed(err error) {
+	p.stats.upstreamErrors.Add(1)
+}
+
+// Ready reports whether at least one upstream server answers.
+func (p *Proxy) Ready(ctx context.Context) error {
+	var last error
+	for _, s := range p.servers {
+		if err := s.extra.ping(); err != nil {
+			last = err
+			continue
+		}
+		return nil
+	}
+	return fmt.Errorf("no upstream server answers: %w", last)
+}

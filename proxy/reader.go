@@ -1,0 +1,177 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"io"
+)
+
+// lineLimit is memcached's framing rule: with more than this many bytes
+// buffered and still no newline, only a retrieval command may go on; any
+// other client is cut off.
+const lineLimit = 2048
+
+var (
+	// errLineTooLong means the client sent a line memcached would not frame.
+	errLineTooLong = errors.New("request line too long")
+	// errNeedMore means no complete line is buffered yet.
+	errNeedMore = errors.New("need more input")
+)
+
+// reader frames a client's byte stream into command lines and data blocks.
+// It owns one buffer that is reused for the life of the connection; lines
+// and small data blocks are returned as slices of it and stay valid only
+// until the next call.
+type reader struct {
+	src   io.Reader
+	buf   []byte
+	r, w  int
+	max   int          // largest buffer a long retrieval line may grow to
+	flush func() error // called before a read that may block
+	err   error        // sticky read error
+}
+
+func newReader(src io.Reader, size, max int, flush func() error) *reader {
+	return &reader{src: src, buf: make([]byte, size), max: max, flush: flush}
+}
+
+// buffered returns the bytes read from the client and not yet consumed.
+func (rd *reader) buffered() []byte { return rd.buf[rd.r:rd.w] }
+
+// line returns the next complete command line with its "\r\n" removed, cut
+// at the first NUL as memcached's C string handling does. It returns
+// errNeedMore when no full line is buffered and errLineTooLong when the
+// buffered bytes break memcached's framing rule.
+func (rd *reader) line() ([]byte, error) {
+	data := rd.buf[rd.r:rd.w]
+	i := bytes.IndexByte(data, '\n')
+	if i < 0 {
+		if len(data) > lineLimit && !isRetrievalPrefix(data) {
+			return nil, errLineTooLong
+		}
+		if len(data) == len(rd.buf) && len(rd.buf) >= rd.max {
+			return nil, errLineTooLong
+		}
+		return nil, errNeedMore
+	}
+	rd.r += i + 1
+	line := data[:i]
+	if len(line) > 1 && line[len(line)-1] == '\r' {
+		line = line[:len(line)-1]
+	}
+	if z := bytes.IndexByte(line, 0); z >= 0 {
+		line = line[:z]
+	}
+	return line, nil
+}
+
+// isRetrievalPrefix reports whether an unterminated line may keep growing:
+// memcached lets "get " and "gets " lines run past the framing limit when no
+// more than 100 spaces precede them.
+func isRetrievalPrefix(data []byte) bool {
+	i := 0
+	for i < len(data) && data[i] == ' ' {
+		i++
+	}
+	if i > 100 {
+		return false
+	}
+	rest := data[i:]
+	return bytes.HasPrefix(rest, []byte("get ")) || bytes.HasPrefix(rest, []byte("gets "))
+}
+
+// fill reads more bytes from the client, making room first: consumed bytes
+// are dropped, and a buffer full of one unfinished line grows up to max.
+func (rd *reader) fill() error {
+	if rd.err != nil {
+		return rd.err
+	}
+	if rd.r > 0 {
+		n := copy(rd.buf, rd.buf[rd.r:rd.w])
+		rd.r, rd.w = 0, n
+	}
+	if rd.w == len(rd.buf) {
+		size := min(2*len(rd.buf), rd.max)
+		if size <= len(rd.buf) {
+			return errLineTooLong
+		}
+		grown := make([]byte, size)
+		copy(grown, rd.buf[:rd.w])
+		rd.buf = grown
+	}
+	return rd.readSome()
+}
+
+// data returns the next n bytes. A block that fits the buffer is returned in
+// place; a larger one is copied into a slice that grows only as bytes really
+// arrive, so a client cannot make the proxy reserve memory by merely
+// announcing a large value.
+func (rd *reader) data(n int) ([]byte, error) {
+	if n <= len(rd.buf) {
+		for rd.w-rd.r < n {
+			if rd.r+n > len(rd.buf) {
+				m := copy(rd.buf, rd.buf[rd.r:rd.w])
+				rd.r, rd.w = 0, m
+			}
+			if err := rd.readSome(); err != nil {
+				return nil, err
+			}
+		}
+		b := rd.buf[rd.r : rd.r+n]
+		rd.r += n
+		return b, nil
+	}
+	out := make([]byte, 0, min(n, 4*len(rd.buf)))
+	for len(out) < n {
+		if rd.r == rd.w {
+			rd.r, rd.w = 0, 0
+			if err := rd.readSome(); err != nil {
+				return nil, err
+			}
+		}
+		take := min(n-len(out), rd.w-rd.r)
+		out = append(out, rd.buf[rd.r:rd.r+take]...)
+		rd.r += take
+	}
+	return out, nil
+}
+
+// discard drops the next n bytes without keeping them.
+func (rd *reader) discard(n int) error {
+	for n > 0 {
+		if rd.r == rd.w {
+			rd.r, rd.w = 0, 0
+			if err := rd.readSome(); err != nil {
+				return err
+			}
+		}
+		take := min(n, rd.w-rd.r)
+		rd.r += take
+		n -= take
+	}
+	return nil
+}
+
+// readSome reads into the free tail of the buffer, which the caller has
+// made non-empty.
+func (rd *reader) readSome() error {
+	if rd.err != nil {
+		return rd.err
+	}
+	if rd.flush != nil {
+		if err := rd.flush(); err != nil {
+			rd.err = err
+			return err
+		}
+	}
+	n, err := rd.src.Read(rd.buf[rd.w:])
+	rd.w += n
+	if n == 0 && err == nil {
+		err = io.ErrNoProgress
+	}
+	if err != nil && n == 0 {
+		rd.err = err
+		return err
+	}
+	return nil
+}

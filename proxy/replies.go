@@ -1,0 +1,113 @@
+package proxy
+
+import (
+	"errors"
+	"net"
+	"strconv"
+	"strings"
+
+	"github.com/bradfitz/gomemcache/memcache"
+)
+
+// Fixed replies, written exactly as memcached 1.6 writes them.
+var (
+	replyStored         = []byte("STORED\r\n")
+	replyNotStored      = []byte("NOT_STORED\r\n")
+	replyExists         = []byte("EXISTS\r\n")
+	replyNotFound       = []byte("NOT_FOUND\r\n")
+	replyDeleted        = []byte("DELETED\r\n")
+	replyTouched        = []byte("TOUCHED\r\n")
+	replyEnd            = []byte("END\r\n")
+	replyOK             = []byte("OK\r\n")
+	replyReset          = []byte("RESET\r\n")
+	replyError          = []byte("ERROR\r\n")
+	replyBadFormat      = []byte("CLIENT_ERROR bad command line format\r\n")
+	replyBadChunk       = []byte("CLIENT_ERROR bad data chunk\r\n")
+	replyBadExptime     = []byte("CLIENT_ERROR invalid exptime argument\r\n")
+	replyBadDelta       = []byte("CLIENT_ERROR invalid numeric delta argument\r\n")
+	replyBadDeleteUsage = []byte("CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n")
+	replyTooLarge       = []byte("SERVER_ERROR object too large for cache\r\n")
+	replyUpstreamDown   = []byte("SERVER_ERROR upstream unavailable\r\n")
+	replyUpstreamSlow   = []byte("SERVER_ERROR upstream timeout\r\n")
+	replyValue          = []byte("VALUE ")
+	replyStat           = []byte("STAT ")
+	crlf                = []byte("\r\n")
+)
+
+// outcome is what became of one request, for counters and metrics.
+type outcome uint8
+
+const (
+	outcomeHit outcome = iota
+	outcomeMiss
+	outcomeStored
+	outcomeNotStored
+	outcomeExists
+	outcomeNotFound
+	outcomeClientError
+	outcomeUpstreamError
+	outcomeOK
+	numOutcomes
+)
+
+var outcomeNames = [numOutcomes]string{
+	"hit", "miss", "stored", "not_stored", "exists", "not_found",
+	"client_error", "upstream_error", "ok",
+}
+
+// clientErrorPrefix is how gomemcache reports a CLIENT_ERROR reply of incr
+// and decr; the text after it is memcached's own message.
+const clientErrorPrefix = "memcache: client error: "
+
+// upstreamReply maps an error from an upstream call to the reply memcached
+// would have sent and the request's outcome. Cache outcomes map to their
+// fixed replies; a CLIENT_ERROR or SERVER_ERROR line the server sent is
+// relayed as it was sent; anything else is an upstream failure.
+func upstreamReply(err error) ([]byte, outcome) {
+	switch {
+	case errors.Is(err, memcache.ErrCacheMiss):
+		return replyNotFound, outcomeNotFound
+	case errors.Is(err, memcache.ErrNotStored):
+		return replyNotStored, outcomeNotStored
+	case errors.Is(err, memcache.ErrCASConflict):
+		return replyExists, outcomeExists
+	}
+	msg := err.Error()
+	if rest, ok := strings.CutPrefix(msg, clientErrorPrefix); ok {
+		return []byte("CLIENT_ERROR " + rest + "\r\n"), outcomeClientError
+	}
+	if line, ok := relayedLine(msg); ok {
+		return line, outcomeUpstreamError
+	}
+	if isTimeout(err) {
+		return replyUpstreamSlow, outcomeUpstreamError
+	}
+	return replyUpstreamDown, outcomeUpstreamError
+}
+
+// relayedLine finds the SERVER_ERROR or CLIENT_ERROR line that gomemcache
+// quotes in its "unexpected response line" errors, so that a client sees
+// memcached's own words (for example "object too large for cache").
+func relayedLine(msg string) ([]byte, bool) {
+	i := strings.LastIndex(msg, ": \"")
+	if i < 0 {
+		return nil, false
+	}
+	line, err := strconv.Unquote(msg[i+2:])
+	if err != nil {
+		return nil, false
+	}
+	if !strings.HasPrefix(line, "SERVER_ERROR ") && !strings.HasPrefix(line, "CLIENT_ERROR ") {
+		return nil, false
+	}
+	if !strings.HasSuffix(line, "\r\n") {
+		line += "\r\n"
+	}
+	return []byte(line), true
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	var cte *memcache.ConnectTimeoutError
+	return errors.As(err, &cte) || errors.As(err, &ne) && ne.Timeout()
+}
