@@ -28,7 +28,7 @@ type conn struct {
 	rd      *reader
 	wr      *bufio.Writer
 	words   [][]byte
-	noreply bool   // suppresses every reply of the current command
+	noreply bool // suppresses every reply of the current command
 	busy    atomic.Bool
 
 	calls   []*getCall // one per upstream server

@@ -15,13 +15,13 @@ import (
 type stats struct {
 	started time.Time
 
-	currConns, totalConns     atomic.Int64
-	bytesRead, bytesWritten   atomic.Uint64
-	cmdGet, cmdSet, cmdTouch  atomic.Uint64
-	getHits, getMisses        atomic.Uint64
-	touchHits, touchMisses    atomic.Uint64
-	upstreamErrors            atomic.Uint64
-	requests                  [numCommands][numOutcomes]atomic.Uint64
+	currConns, totalConns    atomic.Int64
+	bytesRead, bytesWritten  atomic.Uint64
+	cmdGet, cmdSet, cmdTouch atomic.Uint64
+	getHits, getMisses       atomic.Uint64
+	touchHits, touchMisses   atomic.Uint64
+	upstreamErrors           atomic.Uint64
+	requests                 [numCommands][numOutcomes]atomic.Uint64
 }
 
 func newStats() *stats { return &stats{started: time.Now()} }

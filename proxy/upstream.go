@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 
-
 	"github.com/bradfitz/gomemcache/memcache"
 )
 
@@ -68,4 +67,3 @@ func (s *server) close() {
 		c.Close()
 	}
 }
-
