@@ -1,0 +1,183 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// memcachedBin is the memcached the tests run; the README's test command
+// installs it.
+func memcachedBin(tb testing.TB) string {
+	tb.Helper()
+	path, err := exec.LookPath("memcached")
+	if err != nil {
+		tb.Fatalf("memcached is not installed (the README's test command installs it): %v", err)
+	}
+	return path
+}
+
+// startMemcached runs a real memcached on a free loopback port for the
+// test's lifetime and returns its address.
+func startMemcached(tb testing.TB, extra ...string) string {
+	tb.Helper()
+	bin := memcachedBin(tb)
+	for attempt := 0; attempt < 5; attempt++ {
+		port := freePort(tb)
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		args := append([]string{"-l", "127.0.0.1", "-p", strconv.Itoa(port), "-U", "0", "-t", "2", "-m", "64", "-u", "nobody"}, extra...)
+		cmd := exec.Command(bin, args...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			tb.Fatalf("start memcached: %v", err)
+		}
+		exited := make(chan struct{})
+		go func() { cmd.Wait(); close(exited) }()
+		if waitListening(addr, exited) {
+			tb.Cleanup(func() {
+				cmd.Process.Kill()
+				<-exited
+			})
+			return addr
+		}
+		cmd.Process.Kill()
+		<-exited
+		tb.Logf("memcached on %s did not start (%s); retrying", addr, stderr.String())
+	}
+	tb.Fatal("could not start memcached")
+	return ""
+}
+
+func waitListening(addr string, exited <-chan struct{}) bool {
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-exited:
+			return false
+		default:
+		}
+		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
+			c.Close()
+			return true
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return false
+}
+
+func freePort(tb testing.TB) int {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// testConfig is the default configuration pointed at upstreams.
+func testConfig(upstreams ...string) Config {
+	return Config{
+		Listen:           "127.0.0.1:0",
+		Upstreams:        upstreams,
+		Selector:         selectJump,
+		Timeout:          time.Second,
+		ConnectTimeout:   time.Second,
+		MaxIdleConns:     8,
+		GetWorkers:       2,
+		GetBatchKeys:     100,
+		RetrievalFailure: failureMiss,
+		MaxItemSize:      1 << 20,
+		MaxRequestLine:   1 << 20,
+	}
+}
+
+// startProxy serves cfg on a free loopback port until the test ends and
+// returns the proxy and its address.
+func startProxy(tb testing.TB, cfg Config) (*Proxy, string) {
+	tb.Helper()
+	p, err := New(cfg, "mcsidecar-test", nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(ln) }()
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := p.Shutdown(ctx); err != nil {
+			tb.Errorf("shutdown: %v", err)
+		}
+		if err := <-done; err != nil {
+			tb.Errorf("serve: %v", err)
+		}
+	})
+	return p, ln.Addr().String()
+}
+
+// exchange sends each chunk of req to addr (pausing between chunks so they
+// arrive as separate reads), half-closes, and returns everything the server
+// wrote until it closed.
+func exchange(tb testing.TB, addr string, chunks ...string) string {
+	tb.Helper()
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	got := make(chan []byte, 1)
+	go func() {
+		b, _ := io.ReadAll(c)
+		got <- b
+	}()
+	for i, chunk := range chunks {
+		if i > 0 {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if _, err := io.WriteString(c, chunk); err != nil {
+			break // the server may close first, as after a framing error
+		}
+	}
+	c.(*net.TCPConn).CloseWrite()
+	return string(<-got)
+}
+
+// dial connects to addr for the length of the test.
+func dial(tb testing.TB, addr string) net.Conn {
+	tb.Helper()
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { c.Close() })
+	return c
+}
+
+func requireMemccapable(tb testing.TB) string {
+	tb.Helper()
+	path, err := exec.LookPath("memccapable")
+	if err != nil {
+		tb.Fatalf("memccapable is not installed (libmemcached-tools; the README's test command installs it): %v", err)
+	}
+	return path
+}
+
+func hostPort(addr string) (string, string) {
+	h, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		panic(fmt.Sprint(addr, err))
+	}
+	return h, p
+}
