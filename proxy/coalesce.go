@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"sync"
 
 	"github.com/bradfitz/gomemcache/memcache"
@@ -12,10 +13,22 @@ type getCall struct {
 	keys  []string
 	items []*memcache.Item // filled in key order; nil is a miss
 	err   error
-	done  chan struct{}
+	done  chan signal
+
+	// Scratch for when this call leads a batch.
+	batch     []*getCall
+	batchKeys []string
 }
 
-func newGetCall() *getCall { return &getCall{done: make(chan struct{}, 1)} }
+// signal tells a waiting call what happened to it.
+type signal uint8
+
+const (
+	signalDone signal = iota // items and err are set
+	signalLead               // fetch the next batch yourself
+)
+
+func newGetCall() *getCall { return &getCall{done: make(chan signal, 1)} }
 
 func (c *getCall) reset() {
 	c.keys = c.keys[:0]
@@ -24,64 +37,103 @@ func (c *getCall) reset() {
 }
 
 // coalescer turns the gets that many clients send to one server at the same
-// time into few upstream multi-gets. A fixed number of workers each take a
-// call, add every call already waiting (up to maxKeys keys), and fetch them
-// in one request: under load one upstream round trip serves many clients,
-// and with no load a call goes out at once.
+// time into few upstream multi-gets, without a goroutine of its own. Up to
+// `leaders` calls fetch at once, each on its own client's goroutine; a call
+// arriving while all are busy waits in line, and the next leader to finish
+// hands the line over to the first waiter, which fetches everything that is
+// waiting (up to maxKeys keys) in one request. With no load a call goes
+// straight out; under load one round trip serves many clients.
 type coalescer struct {
 	client  cache
-	queue   chan *getCall
+	leaders int
 	maxKeys int
-	wg      sync.WaitGroup
+
+	mu      sync.Mutex
+	active  int
+	waiting []*getCall
 }
 
-func newCoalescer(client cache, workers, maxKeys int) *coalescer {
-	co := &coalescer{client: client, queue: make(chan *getCall, 1024), maxKeys: maxKeys}
-	co.wg.Add(workers)
-	for range workers {
-		go co.work()
+func newCoalescer(client cache, leaders, maxKeys int) *coalescer {
+	return &coalescer{client: client, leaders: leaders, maxKeys: maxKeys}
+}
+
+// get fills call.items and call.err.
+func (co *coalescer) get(call *getCall) {
+	co.mu.Lock()
+	if co.active < co.leaders {
+		co.active++
+		co.mu.Unlock()
+		co.lead(call)
+		return
 	}
-	return co
+	co.waiting = append(co.waiting, call)
+	co.mu.Unlock()
+	if <-call.done == signalLead {
+		co.lead(call)
+	}
 }
 
-// submit queues call; its done channel is signalled when items and err are
-// set.
-func (co *coalescer) submit(call *getCall) { co.queue <- call }
+// lead fetches call's keys and those of the calls waiting behind it, then
+// passes leadership on to the next waiter or gives the slot back.
+func (co *coalescer) lead(call *getCall) {
+	batch := append(call.batch[:0], call)
+	keys := append(call.batchKeys[:0], call.keys...)
+	co.mu.Lock()
+	n := 0
+	for n < len(co.waiting) && len(keys) < co.maxKeys {
+		batch = append(batch, co.waiting[n])
+		keys = append(keys, co.waiting[n].keys...)
+		n++
+	}
+	co.waiting = co.waiting[n:]
+	co.mu.Unlock()
 
-func (co *coalescer) close() {
-	close(co.queue)
-	co.wg.Wait()
+	co.fetch(batch, keys)
+	for _, c := range batch[1:] {
+		c.done <- signalDone
+	}
+	clear(batch)
+	clear(keys)
+	call.batch, call.batchKeys = batch[:0], keys[:0]
+
+	co.mu.Lock()
+	if len(co.waiting) > 0 {
+		next := co.waiting[0]
+		co.waiting[0] = nil
+		co.waiting = co.waiting[1:]
+		co.mu.Unlock()
+		next.done <- signalLead
+		return
+	}
+	co.active--
+	co.waiting = co.waiting[:0:0]
+	co.mu.Unlock()
 }
 
-func (co *coalescer) work() {
-	defer co.wg.Done()
-	var batch []*getCall
-	var keys []string
-	for call := range co.queue {
-		batch = append(batch[:0], call)
-		keys = append(keys[:0], call.keys...)
-	drain:
-		for len(keys) < co.maxKeys {
-			select {
-			case more, ok := <-co.queue:
-				if !ok {
-					break drain
-				}
-				batch = append(batch, more)
-				keys = append(keys, more.keys...)
-			default:
-				break drain
-			}
+// fetch gets keys from the server and hands each call its items. One key
+// goes as a plain get, which spares gomemcache's per-call goroutine.
+func (co *coalescer) fetch(batch []*getCall, keys []string) {
+	var found map[string]*memcache.Item
+	var err error
+	if len(keys) == 1 {
+		var it *memcache.Item
+		it, err = co.client.Get(keys[0])
+		if errors.Is(err, memcache.ErrCacheMiss) {
+			err = nil
 		}
-		found, err := co.client.GetMulti(keys)
 		for _, c := range batch {
 			c.err = err
-			for _, k := range c.keys {
-				c.items = append(c.items, found[k])
+			for range c.keys {
+				c.items = append(c.items, it)
 			}
-			c.done <- struct{}{}
 		}
-		clear(batch)
-		clear(keys)
+		return
+	}
+	found, err = co.client.GetMulti(keys)
+	for _, c := range batch {
+		c.err = err
+		for _, k := range c.keys {
+			c.items = append(c.items, found[k])
+		}
 	}
 }

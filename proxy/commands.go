@@ -119,47 +119,63 @@ func lookup(verb []byte) *command {
 	return nil
 }
 
-// dispatch parses one command line and runs it. It returns an error only
-// when the connection must close.
-func (c *conn) dispatch(line []byte) error {
-	c.noreply = false
-	words, overflow := tokenize(c.words, line, maxTokens-1)
-	c.words = words
+// verdict is what parsing decided about a line before any handler runs.
+type verdict uint8
+
+const (
+	verdictRun     verdict = iota // run the command's handler
+	verdictUnknown                // answer ERROR: not a command
+	verdictBadArgs                // answer ERROR: wrong number of words
+	verdictClose                  // hang up, as memcached does on HTTP
+)
+
+// parseLine splits line into words (sub-slices of line, appended to dst)
+// and finds its command, applying memcached's checks of the verb and word
+// count. It allocates nothing once dst has room for maxTokens words.
+func parseLine(dst [][]byte, line []byte) (*command, [][]byte, verdict) {
+	words, overflow := tokenize(dst, line, maxTokens-1)
 	if len(words) == 0 || len(words[0]) < 2 {
-		return c.unknown()
+		return nil, words, verdictUnknown
 	}
 	cmd := lookup(words[0])
 	if cmd == nil {
 		// memcached hangs up on what looks like an HTTP request, but only
-		// after its verb dispatch found no family for the first letter.
+		// when its verb dispatch found no family for the first letter.
 		v := words[0]
 		family := strings.IndexByte("gsacidt", v[0]) >= 0 || v[0] == 'm' && len(v) == 2
-		if !family &&
-			bytes.HasPrefix(words[len(words)-1], []byte("HTTP/")) {
-			return errQuit
+		if !family && bytes.HasPrefix(words[len(words)-1], []byte("HTTP/")) {
+			return nil, words, verdictClose
 		}
-		return c.unknown()
+		return nil, words, verdictUnknown
 	}
 	n := len(words)
 	if overflow {
 		if cmd.maxWords == 0 {
-			words, _ = tokenize(c.words, line, len(line))
-			c.words = words
+			words, _ = tokenize(words, line, len(line))
 			n = len(words)
 		} else {
 			n = maxTokens
 		}
 	}
 	if n < cmd.minWords || cmd.maxWords > 0 && n > cmd.maxWords {
-		c.p.stats.record(cmd.id, outcomeClientError)
-		c.reply(replyError)
-		return nil
+		return cmd, words, verdictBadArgs
 	}
-	return cmd.run(c, words)
+	return cmd, words, verdictRun
 }
 
-func (c *conn) unknown() error {
-	c.p.stats.record(cmdUnknown, outcomeClientError)
-	c.reply(replyError)
-	return nil
+// dispatch parses one command line and runs it. It returns an error only
+// when the connection must close.
+func (c *conn) dispatch(line []byte) error {
+	c.noreply = false
+	cmd, words, v := parseLine(c.words, line)
+	c.words = words
+	switch v {
+	case verdictClose:
+		return errQuit
+	case verdictUnknown:
+		return c.clientError(cmdUnknown, replyError)
+	case verdictBadArgs:
+		return c.clientError(cmd.id, replyError)
+	}
+	return cmd.run(c, words)
 }

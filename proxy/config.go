@@ -18,7 +18,7 @@ type Config struct {
 	Timeout          time.Duration
 	ConnectTimeout   time.Duration
 	MaxIdleConns     int
-	GetWorkers       int
+	GetConcurrency       int
 	GetBatchKeys     int
 	RetrievalFailure string
 	MaxItemSize      ByteSize
@@ -39,8 +39,8 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Selector, "upstream-selector", selectJump, "server selection: jump (dskit's jump hash over xxhash64, as Mimir and Thanos clients pick) or ketama (libmemcached/twemproxy continuum, MD5)")
 	fs.DurationVar(&c.Timeout, "upstream-timeout", 200*time.Millisecond, "read/write timeout of one upstream request")
 	fs.DurationVar(&c.ConnectTimeout, "upstream-connect-timeout", 100*time.Millisecond, "timeout to connect to an upstream server")
-	fs.IntVar(&c.MaxIdleConns, "upstream-max-idle-conns", 16, "idle connections kept per upstream server")
-	fs.IntVar(&c.GetWorkers, "upstream-get-workers", 4, "concurrent multi-gets per upstream server; gets arriving while all are busy are coalesced into the next one")
+	fs.IntVar(&c.MaxIdleConns, "upstream-max-idle-conns", 100, "idle connections kept per upstream server")
+	fs.IntVar(&c.GetConcurrency, "upstream-get-concurrency", 4, "concurrent gets per upstream server; gets arriving while all are busy are coalesced into one multi-get")
 	fs.IntVar(&c.GetBatchKeys, "upstream-get-batch-keys", 100, "most keys coalesced into one upstream multi-get")
 	fs.StringVar(&c.RetrievalFailure, "upstream-retrieval-failure", failureMiss, "reply to a retrieval whose upstream failed: miss or error (SERVER_ERROR)")
 	c.MaxItemSize = 1 << 20
@@ -72,8 +72,8 @@ func (c *Config) Validate() error {
 		return errors.New("--upstream-connect-timeout must be positive")
 	case c.MaxIdleConns < 1:
 		return errors.New("--upstream-max-idle-conns must be at least 1")
-	case c.GetWorkers < 1:
-		return errors.New("--upstream-get-workers must be at least 1")
+	case c.GetConcurrency < 1:
+		return errors.New("--upstream-get-concurrency must be at least 1")
 	case c.GetBatchKeys < 1:
 		return errors.New("--upstream-get-batch-keys must be at least 1")
 	case c.RetrievalFailure != failureMiss && c.RetrievalFailure != failureError:

@@ -22,8 +22,8 @@ type diffCase struct {
 }
 
 var (
-	key250 = strings.Repeat("k", 250)
-	key251 = strings.Repeat("k", 251)
+	key250  = strings.Repeat("k", 250)
+	key251  = strings.Repeat("k", 251)
 	val100k = strings.Repeat("0123456789", 10_000)
 	val1m1  = strings.Repeat("x", 1<<20+1)
 )
@@ -59,7 +59,7 @@ var diffCases = []diffCase{
 	{name: "get with 251-byte key", chunks: req("get " + key251 + "\r\n")},
 	// memcached 1.6 also drops unsent replies of earlier pipelined commands
 	// here; the proxy keeps them, so the set goes in a read of its own.
-	{name: "get mixing a 251-byte key answers only the error", chunks: req("set a 0 0 1\r\nv\r\n", "get a " + key251 + " a\r\n")},
+	{name: "get mixing a 251-byte key answers only the error", chunks: req("set a 0 0 1\r\nv\r\n", "get a "+key251+" a\r\n")},
 	{name: "set with 251-byte key consumes the block", chunks: req("set " + key251 + " 0 0 1\r\nv\r\nget a\r\n"),
 		proxyWant: "CLIENT_ERROR bad command line format\r\nEND\r\n"},
 	{name: "get with more than 24 keys", chunks: req("set k7 0 0 1\r\n7\r\nset k30 0 0 2\r\n30\r\nget " + manyKeys(40) + "\r\n")},

@@ -18,16 +18,28 @@ func (c *conn) retrieve(keys [][]byte, withCAS bool) error {
 		return nil
 	}
 	used := c.groupKeys(keys)
+	// The first server's share is fetched on this goroutine, the others'
+	// alongside it.
+	var wg sync.WaitGroup
+	first := -1
 	for s, call := range c.calls {
-		if used[s] {
-			c.p.servers[s].gets.submit(call)
+		if !used[s] {
+			continue
 		}
-	}
-	for s, call := range c.calls {
-		if used[s] {
-			<-call.done
+		if first < 0 {
+			first = s
+			continue
 		}
+		wg.Add(1)
+		go func(co *coalescer, call *getCall) {
+			defer wg.Done()
+			co.get(call)
+		}(c.p.servers[s].gets, call)
 	}
+	if first >= 0 {
+		c.p.servers[first].gets.get(c.calls[first])
+	}
+	wg.Wait()
 	return c.answerRetrieval(id, withCAS)
 }
 

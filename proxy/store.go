@@ -12,26 +12,18 @@ import (
 func (c *conn) store(id int, w [][]byte) error {
 	st := c.p.stats
 	st.cmdSet.Add(1)
-	c.noreply = bytes.Equal(w[len(w)-1], noreplyWord)
-	key := w[1]
-	flags, okFlags := parseUint32(w[2])
-	exptime, okExp := parseInt32(w[3])
-	vlen, okLen := parseInt32(w[4])
-	okLen = okLen && vlen >= 0 && vlen <= math.MaxInt32-2
-	okCas := true
-	var casID uint64
-	if id == cmdCas {
-		casID, okCas = parseUint64(w[5])
-	}
-	if len(key) > keyMaxLength || !okFlags || !okExp || !okLen || !okCas || !forwardable(key) {
+	a := parseStoreArgs(w, id == cmdCas)
+	c.noreply = a.noreply
+	if !a.ok {
 		st.record(id, outcomeClientError)
 		c.reply(replyBadFormat)
-		if okLen {
-			return c.rd.discard(int(vlen) + 2)
+		if a.lenOK {
+			return c.rd.discard(a.vlen + 2)
 		}
 		return nil
 	}
-	if int(vlen) > int(c.p.cfg.MaxItemSize) {
+	key, vlen := a.key, a.vlen
+	if vlen > int(c.p.cfg.MaxItemSize) {
 		st.record(id, outcomeClientError)
 		c.reply(replyTooLarge)
 		if id == cmdSet {
@@ -40,10 +32,10 @@ func (c *conn) store(id int, w [][]byte) error {
 			k := string(key)
 			c.p.servers[c.serverFor(k)].client.Delete(k)
 		}
-		return c.rd.discard(int(vlen) + 2)
+		return c.rd.discard(vlen + 2)
 	}
 	k := string(key) // key points into the read buffer, which data may move
-	data, err := c.rd.data(int(vlen) + 2)
+	data, err := c.rd.data(vlen + 2)
 	if err != nil {
 		return err
 	}
@@ -54,9 +46,9 @@ func (c *conn) store(id int, w [][]byte) error {
 	}
 	c.item.Key = k
 	c.item.Value = data[:vlen]
-	c.item.Flags = flags
-	c.item.Expiration = exptime
-	c.item.CasID = casID
+	c.item.Flags = a.flags
+	c.item.Expiration = a.exptime
+	c.item.CasID = a.cas
 	srv := c.p.servers[c.serverFor(k)]
 	switch id {
 	case cmdSet:
@@ -88,3 +80,36 @@ func (c *conn) store(id int, w [][]byte) error {
 }
 
 var noreplyWord = []byte("noreply")
+
+// storeArgs are the arguments of a storage command line.
+type storeArgs struct {
+	key     []byte
+	flags   uint32
+	exptime int32
+	vlen    int
+	cas     uint64
+	noreply bool
+	lenOK   bool // the data block's length is known, so it can be consumed
+	ok      bool // every argument is valid
+}
+
+// parseStoreArgs reads "<verb> <key> <flags> <exptime> <bytes> [<cas>]
+// [noreply]" with memcached's rules. Keys it cannot forward fail here too.
+func parseStoreArgs(w [][]byte, withCAS bool) storeArgs {
+	var a storeArgs
+	var okFlags, okExp, okCas bool
+	var vlen int32
+	a.key = w[1]
+	a.noreply = bytes.Equal(w[len(w)-1], noreplyWord)
+	a.flags, okFlags = parseUint32(w[2])
+	a.exptime, okExp = parseInt32(w[3])
+	vlen, a.lenOK = parseInt32(w[4])
+	a.lenOK = a.lenOK && vlen >= 0 && vlen <= math.MaxInt32-2
+	a.vlen = int(vlen)
+	okCas = true
+	if withCAS {
+		a.cas, okCas = parseUint64(w[5])
+	}
+	a.ok = okFlags && okExp && a.lenOK && okCas && len(a.key) <= keyMaxLength && forwardable(a.key)
+	return a
+}

@@ -10,6 +10,7 @@ import (
 // cache is the part of gomemcache's client the proxy uses on one server. It
 // is the seam where forwarding is tested with exact bytes in and out.
 type cache interface {
+	Get(key string) (*memcache.Item, error)
 	GetMulti(keys []string) (map[string]*memcache.Item, error)
 	Set(item *memcache.Item) error
 	Add(item *memcache.Item) error
@@ -56,12 +57,11 @@ func newServer(name string, cfg *Config) (*server, error) {
 		client: mc,
 		extra:  &extraPool{dial: dial, timeout: cfg.Timeout, connectTimeout: cfg.ConnectTimeout, maxIdle: 2},
 	}
-	s.gets = newCoalescer(s.client, cfg.GetWorkers, cfg.GetBatchKeys)
+	s.gets = newCoalescer(s.client, cfg.GetConcurrency, cfg.GetBatchKeys)
 	return s, nil
 }
 
 func (s *server) close() {
-	s.gets.close()
 	s.extra.close()
 	if c, ok := s.client.(interface{ Close() error }); ok {
 		c.Close()

@@ -1,0 +1,15 @@
+# Build a static binary, then ship it alone on a minimal non-root image.
+FROM golang:1.26-bookworm AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION=dev
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/proxy ./cmd/proxy
+
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/proxy /proxy
+USER nonroot:nonroot
+# memcached protocol, then /metrics, /healthz and /readyz.
+EXPOSE 11311 9151
+ENTRYPOINT ["/proxy", "--listen=0.0.0.0:11311", "--metrics-listen=0.0.0.0:9151"]

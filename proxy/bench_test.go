@@ -1,0 +1,194 @@
+package proxy
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"testing"
+)
+
+// repeatReader yields the same request bytes forever, so a benchmark reads
+// a steady pipelined stream without a socket.
+type repeatReader struct {
+	req []byte
+	off int
+}
+
+func (r *repeatReader) Read(b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		c := copy(b[n:], r.req[r.off:])
+		n += c
+		r.off = (r.off + c) % len(r.req)
+	}
+	return n, nil
+}
+
+var parseRequests = []struct {
+	name, req string
+}{
+	{"get 1 key", "get P2:tenant-1:01HZ0000000000000000000000:bmFtZTp2YWx1ZQ\r\n"},
+	{"get 100 keys", "get " + strings.TrimSpace(strings.Repeat("S:tenant-1:01HZ0000000000000000000000:123456 ", 100)) + "\r\n"},
+	{"set", "set S:tenant-1:01HZ0000000000000000000000:123456 0 604800 16\r\n0123456789abcdef\r\n"},
+}
+
+// parseOne frames and parses the next request from rd as the connection
+// loop does, including a storage command's data block.
+func parseOne(rd *reader, words [][]byte) ([][]byte, error) {
+	line, err := rd.line()
+	for err == errNeedMore {
+		if err = rd.fill(); err != nil {
+			return words, err
+		}
+		line, err = rd.line()
+	}
+	if err != nil {
+		return words, err
+	}
+	cmd, words, v := parseLine(words, line)
+	if v != verdictRun {
+		return words, fmt.Errorf("verdict %d for %q", v, line)
+	}
+	if cmd.id == cmdSet {
+		a := parseStoreArgs(words, false)
+		if !a.ok {
+			return words, fmt.Errorf("bad set line %q", line)
+		}
+		if _, err := rd.data(a.vlen + 2); err != nil {
+			return words, err
+		}
+	}
+	return words, nil
+}
+
+// BenchmarkParse measures framing and parsing one request out of a
+// pipelined stream: the per-request work the proxy does before it talks to
+// any upstream. It must not allocate.
+func BenchmarkParse(b *testing.B) {
+	for _, r := range parseRequests {
+		b.Run(r.name, func(b *testing.B) {
+			rd := newReader(&repeatReader{req: []byte(r.req)}, readBufferSize, 1<<20, nil)
+			words := make([][]byte, 0, maxTokens)
+			b.ReportAllocs()
+			b.SetBytes(int64(len(r.req)))
+			for b.Loop() {
+				var err error
+				if words, err = parseOne(rd, words); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func TestParsingAllocatesNothing(t *testing.T) {
+	for _, r := range parseRequests {
+		rd := newReader(&repeatReader{req: []byte(r.req)}, readBufferSize, 1<<20, nil)
+		words := make([][]byte, 0, maxTokens)
+		// Warm up: the 100-key line grows words once.
+		for range 3 {
+			words, _ = parseOne(rd, words)
+		}
+		allocs := testing.AllocsPerRun(1000, func() {
+			var err error
+			if words, err = parseOne(rd, words); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("%s: %.1f allocations per request, want 0", r.name, allocs)
+		}
+	}
+}
+
+// rawClient speaks the text protocol directly, so end-to-end benchmarks
+// measure the servers and not a client library.
+type rawClient struct {
+	c  net.Conn
+	rw *bufio.ReadWriter
+}
+
+func newRawClient(tb testing.TB, addr string) *rawClient {
+	c := dial(tb, addr)
+	return &rawClient{c: c, rw: bufio.NewReadWriter(bufio.NewReader(c), bufio.NewWriter(c))}
+}
+
+// roundTrip sends req and reads until the reply's last line, which starts
+// with end.
+func (rc *rawClient) roundTrip(req []byte, end string) error {
+	if _, err := rc.rw.Write(req); err != nil {
+		return err
+	}
+	if err := rc.rw.Flush(); err != nil {
+		return err
+	}
+	for {
+		line, err := rc.rw.ReadSlice('\n')
+		if err != nil {
+			return err
+		}
+		if strings.HasPrefix(string(line), end) {
+			return nil
+		}
+		if strings.HasPrefix(string(line), "VALUE ") {
+			var key string
+			var flags, size int
+			if _, err := fmt.Sscanf(string(line), "VALUE %s %d %d", &key, &flags, &size); err != nil {
+				return err
+			}
+			if _, err := rc.rw.Discard(size + 2); err != nil {
+				return err
+			}
+			continue
+		}
+		return fmt.Errorf("unexpected reply %q", line)
+	}
+}
+
+// BenchmarkEndToEnd runs the same get and set calls straight to memcached
+// and through the proxy in one run, so their ratio is measured on the same
+// machine state. "parallel" drives 32 connections at once, where the
+// proxy's coalescing of gets matters.
+func BenchmarkEndToEnd(b *testing.B) {
+	mc := startMemcached(b)
+	_, px := startProxy(b, testConfig(mc))
+	value := strings.Repeat("v", 1024)
+	setReq := []byte("set bench:key 0 0 1024\r\n" + value + "\r\n")
+	getReq := []byte("get bench:key\r\n")
+	if err := newRawClient(b, mc).roundTrip(setReq, "STORED"); err != nil {
+		b.Fatal(err)
+	}
+	for _, target := range []struct{ name, addr string }{{"memcached", mc}, {"proxy", px}} {
+		for _, op := range []struct {
+			name, end string
+			req       []byte
+		}{{"get", "END", getReq}, {"set", "STORED", setReq}} {
+			b.Run(op.name+"/"+target.name, func(b *testing.B) {
+				rc := newRawClient(b, target.addr)
+				b.ReportAllocs()
+				for b.Loop() {
+					if err := rc.roundTrip(op.req, op.end); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.Run(op.name+"/parallel/"+target.name, func(b *testing.B) {
+				b.ReportAllocs()
+				b.SetParallelism(16) // 32 connections on 2 cores
+				b.RunParallel(func(pb *testing.PB) {
+					rc := newRawClient(b, target.addr)
+					for pb.Next() {
+						if err := rc.roundTrip(op.req, op.end); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			})
+		}
+	}
+}
+
+var _ io.Reader = (*repeatReader)(nil)
