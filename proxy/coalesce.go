@@ -45,6 +45,7 @@ func (c *getCall) reset() {
 // straight out; under load one round trip serves many clients.
 type coalescer struct {
 	client  cache
+	stats   *stats
 	leaders int
 	maxKeys int
 
@@ -53,8 +54,8 @@ type coalescer struct {
 	waiting []*getCall
 }
 
-func newCoalescer(client cache, leaders, maxKeys int) *coalescer {
-	return &coalescer{client: client, leaders: leaders, maxKeys: maxKeys}
+func newCoalescer(client cache, st *stats, leaders, maxKeys int) *coalescer {
+	return &coalescer{client: client, stats: st, leaders: leaders, maxKeys: maxKeys}
 }
 
 // get fills call.items and call.err.
@@ -113,6 +114,8 @@ func (co *coalescer) lead(call *getCall) {
 // fetch gets keys from the server and hands each call its items. One key
 // goes as a plain get, which spares gomemcache's per-call goroutine.
 func (co *coalescer) fetch(batch []*getCall, keys []string) {
+	co.stats.upstreamGets.Add(1)
+	co.stats.upstreamGetKeys.Add(uint64(len(keys)))
 	var found map[string]*memcache.Item
 	var err error
 	if len(keys) == 1 {

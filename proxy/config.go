@@ -18,7 +18,7 @@ type Config struct {
 	Timeout          time.Duration
 	ConnectTimeout   time.Duration
 	MaxIdleConns     int
-	GetConcurrency       int
+	GetConcurrency   int
 	GetBatchKeys     int
 	RetrievalFailure string
 	MaxItemSize      ByteSize

@@ -91,7 +91,7 @@ func testConfig(upstreams ...string) Config {
 		Timeout:          time.Second,
 		ConnectTimeout:   time.Second,
 		MaxIdleConns:     100,
-		GetConcurrency:       2,
+		GetConcurrency:   2,
 		GetBatchKeys:     100,
 		RetrievalFailure: failureMiss,
 		MaxItemSize:      1 << 20,

@@ -16,6 +16,8 @@ type collector struct {
 	keys        *prometheus.Desc
 	upErrors    *prometheus.Desc
 	upServers   *prometheus.Desc
+	upGets      *prometheus.Desc
+	upGetKeys   *prometheus.Desc
 }
 
 // Register adds the proxy's metrics to reg.
@@ -31,11 +33,13 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 		keys:        prometheus.NewDesc(ns+"_retrieved_keys_total", "Keys asked for by retrieval commands, by result.", []string{"result"}, nil),
 		upErrors:    prometheus.NewDesc(ns+"_upstream_errors_total", "Upstream requests that failed (timeouts, refused connections, bad replies).", nil, nil),
 		upServers:   prometheus.NewDesc(ns+"_upstream_servers", "Upstream memcached servers configured.", nil, nil),
+		upGets:      prometheus.NewDesc(ns+"_upstream_gets_total", "Get requests sent upstream; concurrent client gets are coalesced into one.", nil, nil),
+		upGetKeys:   prometheus.NewDesc(ns+"_upstream_get_keys_total", "Keys in the get requests sent upstream.", nil, nil),
 	})
 }
 
 func (m *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.requests, m.connections, m.accepted, m.bytesIn, m.bytesOut, m.keys, m.upErrors, m.upServers} {
+	for _, d := range []*prometheus.Desc{m.requests, m.connections, m.accepted, m.bytesIn, m.bytesOut, m.keys, m.upErrors, m.upServers, m.upGets, m.upGetKeys} {
 		ch <- d
 	}
 }
@@ -56,4 +60,6 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.keys, prometheus.CounterValue, float64(s.getMisses.Load()+s.touchMisses.Load()), "miss")
 	ch <- prometheus.MustNewConstMetric(m.upErrors, prometheus.CounterValue, float64(s.upstreamErrors.Load()))
 	ch <- prometheus.MustNewConstMetric(m.upServers, prometheus.GaugeValue, float64(len(m.p.servers)))
+	ch <- prometheus.MustNewConstMetric(m.upGets, prometheus.CounterValue, float64(s.upstreamGets.Load()))
+	ch <- prometheus.MustNewConstMetric(m.upGetKeys, prometheus.CounterValue, float64(s.upstreamGetKeys.Load()))
 }

@@ -54,7 +54,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 		conns:   make(map[*conn]struct{}),
 	}
 	for _, name := range names {
-		s, err := newServer(name, &cfg)
+		s, err := newServer(name, &cfg, p.stats)
 		if err != nil {
 			p.closeServers()
 			return nil, err

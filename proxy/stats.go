@@ -21,6 +21,8 @@ type stats struct {
 	getHits, getMisses       atomic.Uint64
 	touchHits, touchMisses   atomic.Uint64
 	upstreamErrors           atomic.Uint64
+	upstreamGets             atomic.Uint64 // get requests sent upstream
+	upstreamGetKeys          atomic.Uint64 // keys in them
 	requests                 [numCommands][numOutcomes]atomic.Uint64
 }
 
@@ -53,6 +55,7 @@ func (s *stats) reset() {
 	for _, c := range []*atomic.Uint64{
 		&s.bytesRead, &s.bytesWritten, &s.cmdGet, &s.cmdSet, &s.cmdTouch,
 		&s.getHits, &s.getMisses, &s.touchHits, &s.touchMisses, &s.upstreamErrors,
+		&s.upstreamGets, &s.upstreamGetKeys,
 	} {
 		c.Store(0)
 	}
@@ -114,6 +117,8 @@ func (s *stats) appendStats(b []byte, p *Proxy) []byte {
 	num("threads", uint64(runtime.GOMAXPROCS(0)))
 	num("upstream_servers", uint64(len(p.servers)))
 	num("upstream_errors", s.upstreamErrors.Load())
+	num("upstream_gets", s.upstreamGets.Load())
+	num("upstream_get_keys", s.upstreamGetKeys.Load())
 	return append(b, replyEnd...)
 }
 

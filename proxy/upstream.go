@@ -34,7 +34,7 @@ type server struct {
 	extra  *extraPool
 }
 
-func newServer(name string, cfg *Config) (*server, error) {
+func newServer(name string, cfg *Config, st *stats) (*server, error) {
 	network, addr, err := splitUpstream(name)
 	if err != nil {
 		return nil, err
@@ -57,7 +57,7 @@ func newServer(name string, cfg *Config) (*server, error) {
 		client: mc,
 		extra:  &extraPool{dial: dial, timeout: cfg.Timeout, connectTimeout: cfg.ConnectTimeout, maxIdle: 2},
 	}
-	s.gets = newCoalescer(s.client, cfg.GetConcurrency, cfg.GetBatchKeys)
+	s.gets = newCoalescer(s.client, st, cfg.GetConcurrency, cfg.GetBatchKeys)
 	return s, nil
 }
 
