@@ -1,5 +1,7 @@
 package proxy
 
+import "bytes"
+
 // maxTokens mirrors memcached's MAX_TOKENS: it tokenizes at most 23 words of
 // a command line plus a terminal token, and every non-retrieval command is
 // validated against that count.
@@ -72,11 +74,12 @@ func parseCUnsigned(s []byte) (v uint64, negative, ok bool) {
 	return v, negative, true
 }
 
-// parseUint64 is memcached's safe_strtoull: a negative sign is refused when
-// the result would read as a negative signed number.
+// parseUint64 is memcached's safe_strtoull: a result that reads as a
+// negative signed number is refused when a '-' appears anywhere in the word
+// (memcached asks strchr, so a '-' after the digits and a tab counts too).
 func parseUint64(s []byte) (uint64, bool) {
-	v, neg, ok := parseCUnsigned(s)
-	if !ok || (neg && int64(v) < 0) {
+	v, _, ok := parseCUnsigned(s)
+	if !ok || int64(v) < 0 && bytes.IndexByte(s, '-') >= 0 {
 		return 0, false
 	}
 	return v, true
