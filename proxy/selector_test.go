@@ -1,0 +1,123 @@
+package proxy
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// dskitJump is grafana/dskit's jumpHash (Lamping and Veach), written out
+// here so the test checks the library the proxy uses against the loop
+// store-gateways run.
+func dskitJump(key uint64, buckets int) int {
+	var b, j int64 = -1, 0
+	for j < int64(buckets) {
+		b = j
+		key = key*2862933555777941757 + 1
+		j = int64(float64(b+1) * (float64(int64(1)<<31) / float64((key>>33)+1)))
+	}
+	return int(b)
+}
+
+func TestJumpPicksTheServerDskitPicks(t *testing.T) {
+	for n := 1; n <= 12; n++ {
+		sel := jumpSelector(n)
+		for i := range 5000 {
+			key := fmt.Sprintf("P2:tenant-%d:01HZ%022d:label", i%7, i)
+			if got, want := sel.pick(key), dskitJump(xxhash.Sum64String(key), n); got != want {
+				t.Fatalf("%d servers, key %q: picked %d, dskit picks %d", n, key, got, want)
+			}
+		}
+	}
+}
+
+func TestServersAreInNaturalSortOrder(t *testing.T) {
+	in := []string{"mc-10:11211", "mc-2:11211", "mc-1:11211", "mc-0:11211"}
+	want := []string{"mc-0:11211", "mc-1:11211", "mc-2:11211", "mc-10:11211"}
+	if got := orderServers(in); !slices.Equal(got, want) {
+		t.Fatalf("order %v, want %v", got, want)
+	}
+	if in[0] != "mc-10:11211" {
+		t.Fatal("orderServers changed its argument")
+	}
+}
+
+func TestJumpMovesFewKeysWhenAServerIsAdded(t *testing.T) {
+	moved := 0
+	const keys = 20000
+	for i := range keys {
+		k := "S:t:" + strconv.Itoa(i)
+		if jumpSelector(4).pick(k) != jumpSelector(5).pick(k) {
+			moved++
+		}
+	}
+	// A fifth server should take about a fifth of the keys.
+	if moved < keys/10 || moved > keys*3/10 {
+		t.Fatalf("%d of %d keys moved from 4 to 5 servers, want about %d", moved, keys, keys/5)
+	}
+}
+
+// TestKetamaPlacesKeysWhereTwemproxyDoes stores keys through twemproxy
+// (ketama distribution, md5 hash) and reads them back through the proxy
+// with --upstream-selector=ketama: every key must be found, so both put it
+// on the same server.
+func TestKetamaPlacesKeysWhereTwemproxyDoes(t *testing.T) {
+	bin, err := exec.LookPath("nutcracker")
+	if err != nil {
+		t.Fatalf("nutcracker is not installed (the README's test command installs it): %v", err)
+	}
+	ups := []string{startMemcached(t), startMemcached(t), startMemcached(t)}
+	dir := t.TempDir()
+	listen := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	conf := "pool:\n  listen: " + listen + "\n  hash: md5\n  distribution: ketama\n  auto_eject_hosts: false\n  redis: false\n  servers:\n"
+	for _, u := range ups {
+		conf += "   - " + u + ":1\n"
+	}
+	confPath := filepath.Join(dir, "nutcracker.yml")
+	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-c", confPath, "-s", strconv.Itoa(freePort(t)), "-a", "127.0.0.1",
+		"-o", filepath.Join(dir, "nutcracker.log"), "-p", filepath.Join(dir, "nutcracker.pid"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-exited })
+	if !waitListening(listen, exited) {
+		t.Fatal("nutcracker did not start")
+	}
+
+	const n = 300
+	var sets, gets strings.Builder
+	gets.WriteString("get")
+	for i := range n {
+		fmt.Fprintf(&sets, "set ketama:%d 0 0 1\r\nx\r\n", i)
+		fmt.Fprintf(&gets, " ketama:%d", i)
+	}
+	gets.WriteString("\r\n")
+	if got := exchange(t, listen, sets.String()); got != strings.Repeat("STORED\r\n", n) {
+		t.Fatalf("storing through twemproxy: %q", short(got))
+	}
+	cfg := testConfig(ups...)
+	cfg.Selector = selectKetama
+	_, addr := startProxy(t, cfg)
+	got := exchange(t, addr, gets.String())
+	if hits := strings.Count(got, "VALUE "); hits != n {
+		t.Fatalf("the proxy found %d of %d keys twemproxy stored", hits, n)
+	}
+	// The servers must really share the keys, or the check proves little.
+	for _, u := range ups {
+		if got := exchange(t, u, gets.String()); strings.Count(got, "VALUE ") == 0 {
+			t.Fatalf("server %s holds none of the keys", u)
+		}
+	}
+}
