@@ -119,7 +119,7 @@ func (c *conn) flushAll(w [][]byte) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = s.extra.flushAll(delay, withDelay)
+			errs[i] = s.raw.flushAll(delay, withDelay)
 		}()
 	}
 	wg.Wait()
@@ -131,6 +131,12 @@ func (c *conn) flushAll(w [][]byte) error {
 	c.p.stats.record(cmdFlushAll, outcomeOK)
 	c.reply(replyOK)
 	return nil
+}
+
+// quit closes the connection once earlier replies are written.
+func (c *conn) quit([][]byte) error {
+	c.p.stats.record(cmdQuit, outcomeOK)
+	return errQuit
 }
 
 // version names the proxy.

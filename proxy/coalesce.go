@@ -1,17 +1,14 @@
 package proxy
 
-import (
-	"errors"
-	"sync"
-
-	"github.com/bradfitz/gomemcache/memcache"
-)
+import "sync"
 
 // getCall is one client request's share of keys on one server. A connection
-// keeps one per server and reuses it, so a get costs no allocation here.
+// keeps one per server and reuses it, buffers included, so a get costs no
+// allocation here once the buffers have grown.
 type getCall struct {
 	keys  []string
-	items []*memcache.Item // filled in key order; nil is a miss
+	items []item // one per key, in key order
+	arena []byte // the values of items
 	err   error
 	done  chan signal
 
@@ -19,6 +16,19 @@ type getCall struct {
 	batch     []*getCall
 	batchKeys []string
 }
+
+// item is one key's result: a hit's flags, CAS and where its value sits in
+// the call's arena.
+type item struct {
+	hit    bool
+	flags  uint32
+	cas    uint64
+	off, n int
+}
+
+// arenaKeep is the largest value buffer a connection keeps between
+// requests; a bigger one, grown by a large reply, is left to the collector.
+const arenaKeep = 1 << 20
 
 // signal tells a waiting call what happened to it.
 type signal uint8
@@ -30,10 +40,42 @@ const (
 
 func newGetCall() *getCall { return &getCall{done: make(chan signal, 1)} }
 
+// reset empties the call for the next request.
 func (c *getCall) reset() {
 	c.keys = c.keys[:0]
 	c.items = c.items[:0]
+	if cap(c.arena) > arenaKeep {
+		c.arena = nil
+	}
+	c.arena = c.arena[:0]
 	c.err = nil
+}
+
+// value returns the value of item i.
+func (c *getCall) value(i int) []byte {
+	it := &c.items[i]
+	return c.arena[it.off : it.off+it.n]
+}
+
+// fetch sends the keys of every call in batch, in order, as one retrieval
+// and hands each call its items.
+func fetch(pool *rawPool, r retrieval, batch []*getCall, keys []string) {
+	for _, c := range batch {
+		c.items = append(c.items[:0], make([]item, len(c.keys))...)
+	}
+	j, start := 0, 0
+	err := pool.retrieve(r, keys, func(i int, flags uint32, cas uint64, v []byte) {
+		for i >= start+len(batch[j].keys) {
+			start += len(batch[j].keys)
+			j++
+		}
+		c := batch[j]
+		c.items[i-start] = item{hit: true, flags: flags, cas: cas, off: len(c.arena), n: len(v)}
+		c.arena = append(c.arena, v...)
+	})
+	for _, c := range batch {
+		c.err = err
+	}
 }
 
 // coalescer turns the gets that many clients send to one server at the same
@@ -44,7 +86,7 @@ func (c *getCall) reset() {
 // waiting (up to maxKeys keys) in one request. With no load a call goes
 // straight out; under load one round trip serves many clients.
 type coalescer struct {
-	client  cache
+	pool    *rawPool
 	stats   *stats
 	leaders int
 	maxKeys int
@@ -54,8 +96,8 @@ type coalescer struct {
 	waiting []*getCall
 }
 
-func newCoalescer(client cache, st *stats, leaders, maxKeys int) *coalescer {
-	return &coalescer{client: client, stats: st, leaders: leaders, maxKeys: maxKeys}
+func newCoalescer(pool *rawPool, st *stats, leaders, maxKeys int) *coalescer {
+	return &coalescer{pool: pool, stats: st, leaders: leaders, maxKeys: maxKeys}
 }
 
 // get fills call.items and call.err.
@@ -89,7 +131,9 @@ func (co *coalescer) lead(call *getCall) {
 	co.waiting = co.waiting[n:]
 	co.mu.Unlock()
 
-	co.fetch(batch, keys)
+	co.stats.upstreamGets.Add(1)
+	co.stats.upstreamGetKeys.Add(uint64(len(keys)))
+	fetch(co.pool, retrieval{}, batch, keys)
 	for _, c := range batch[1:] {
 		c.done <- signalDone
 	}
@@ -109,34 +153,4 @@ func (co *coalescer) lead(call *getCall) {
 	co.active--
 	co.waiting = co.waiting[:0:0]
 	co.mu.Unlock()
-}
-
-// fetch gets keys from the server and hands each call its items. One key
-// goes as a plain get, which spares gomemcache's per-call goroutine.
-func (co *coalescer) fetch(batch []*getCall, keys []string) {
-	co.stats.upstreamGets.Add(1)
-	co.stats.upstreamGetKeys.Add(uint64(len(keys)))
-	var found map[string]*memcache.Item
-	var err error
-	if len(keys) == 1 {
-		var it *memcache.Item
-		it, err = co.client.Get(keys[0])
-		if errors.Is(err, memcache.ErrCacheMiss) {
-			err = nil
-		}
-		for _, c := range batch {
-			c.err = err
-			for range c.keys {
-				c.items = append(c.items, it)
-			}
-		}
-		return
-	}
-	found, err = co.client.GetMulti(keys)
-	for _, c := range batch {
-		c.err = err
-		for _, k := range c.keys {
-			c.items = append(c.items, found[k])
-		}
-	}
 }

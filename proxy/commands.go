@@ -63,7 +63,7 @@ var commands = [numCommands]command{
 	cmdVersion:   {name: "version", minWords: 1, run: (*conn).version},
 	cmdVerbosity: {name: "verbosity", minWords: 2, maxWords: 3, run: (*conn).verbosity},
 	cmdStats:     {name: "stats", minWords: 1, run: (*conn).stats},
-	cmdQuit:      {name: "quit", minWords: 1, run: func(*conn, [][]byte) error { return errQuit }},
+	cmdQuit:      {name: "quit", minWords: 1, run: (*conn).quit},
 	cmdUnknown:   {name: "unknown"},
 }
 

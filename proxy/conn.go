@@ -5,7 +5,9 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
 )
@@ -28,8 +30,9 @@ type conn struct {
 	rd      *reader
 	wr      *bufio.Writer
 	words   [][]byte
-	noreply bool // suppresses every reply of the current command
-	busy    atomic.Bool
+	noreply bool        // suppresses every reply of the current command
+	busy    atomic.Bool // handling a request, not waiting for one
+	wakeMu  sync.Mutex  // orders wakeIfIdle against markBusy
 
 	calls   []*getCall // one per upstream server
 	keys    []string
@@ -77,7 +80,7 @@ func (c *conn) serve() {
 			}
 			c.busy.Store(false)
 			err = c.rd.fill()
-			c.busy.Store(true)
+			c.markBusy()
 			if err != nil {
 				return
 			}
@@ -91,6 +94,28 @@ func (c *conn) serve() {
 			c.flush()
 			return
 		}
+	}
+}
+
+// markBusy records that the connection is handling a request. During a
+// shutdown it also lifts a read deadline that wakeIfIdle may have set just
+// as the request arrived, so the request can still read its data block.
+func (c *conn) markBusy() {
+	c.busy.Store(true)
+	if c.p.draining() {
+		c.wakeMu.Lock()
+		c.nc.SetReadDeadline(time.Time{})
+		c.wakeMu.Unlock()
+	}
+}
+
+// wakeIfIdle ends the blocked read of a connection waiting for a request,
+// so that it sees the shutdown.
+func (c *conn) wakeIfIdle(now time.Time) {
+	c.wakeMu.Lock()
+	defer c.wakeMu.Unlock()
+	if !c.busy.Load() {
+		c.nc.SetReadDeadline(now)
 	}
 }
 
@@ -109,21 +134,21 @@ func (c *conn) replyNumber(n uint64) {
 }
 
 // writeValue writes one VALUE block of a retrieval reply.
-func (c *conn) writeValue(key string, it *memcache.Item, withCAS bool) {
+func (c *conn) writeValue(key string, flags uint32, cas uint64, value []byte, withCAS bool) {
 	b := append(c.scratch[:0], replyValue...)
 	b = append(b, key...)
 	b = append(b, ' ')
-	b = strconv.AppendUint(b, uint64(it.Flags), 10)
+	b = strconv.AppendUint(b, uint64(flags), 10)
 	b = append(b, ' ')
-	b = strconv.AppendUint(b, uint64(len(it.Value)), 10)
+	b = strconv.AppendUint(b, uint64(len(value)), 10)
 	if withCAS {
 		b = append(b, ' ')
-		b = strconv.AppendUint(b, it.CasID, 10)
+		b = strconv.AppendUint(b, cas, 10)
 	}
 	b = append(b, crlf...)
 	c.scratch = b
 	c.wr.Write(b)
-	c.wr.Write(it.Value)
+	c.wr.Write(value)
 	c.wr.Write(crlf)
 }
 

@@ -161,7 +161,6 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	}()
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
-	var err error
 wait:
 	for {
 		p.wakeIdle()
@@ -170,18 +169,23 @@ wait:
 			break wait
 		case <-tick.C:
 		case <-ctx.Done():
-			err = ctx.Err()
+			// Like net/http, give up on connections still busy: close them
+			// and return; their goroutines end within the upstream timeout,
+			// and the last one out closes the upstream pools.
 			p.mu.Lock()
 			for c := range p.conns {
 				c.nc.Close()
 			}
 			p.mu.Unlock()
-			<-done
-			break wait
+			go func() {
+				<-done
+				p.closeServers()
+			}()
+			return ctx.Err()
 		}
 	}
 	p.closeServers()
-	return err
+	return nil
 }
 
 // wakeIdle ends the blocked read of every connection that is waiting for a
@@ -191,9 +195,7 @@ func (p *Proxy) wakeIdle() {
 	defer p.mu.Unlock()
 	now := time.Now()
 	for c := range p.conns {
-		if !c.busy.Load() {
-			c.nc.SetReadDeadline(now)
-		}
+		c.wakeIfIdle(now)
 	}
 }
 
@@ -212,7 +214,7 @@ func (p *Proxy) upstreamFailed(err error) {
 func (p *Proxy) Ready(ctx context.Context) error {
 	var last error
 	for _, s := range p.servers {
-		if err := s.extra.ping(); err != nil {
+		if err := s.raw.ping(); err != nil {
 			last = err
 			continue
 		}

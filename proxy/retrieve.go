@@ -1,10 +1,6 @@
 package proxy
 
-import (
-	"sync"
-
-	"github.com/bradfitz/gomemcache/memcache"
-)
+import "sync"
 
 // retrieve answers get and gets: keys are grouped by server, each group goes
 // to that server's coalescer, and the VALUE lines come back in request
@@ -44,8 +40,8 @@ func (c *conn) retrieve(keys [][]byte, withCAS bool) error {
 }
 
 // getAndTouch answers gat and gats, whose first word is the new exptime.
-// gomemcache has no multi-key gat and no gats, so these go through the
-// server's extra connections, one request per server, concurrently.
+// Each server's share goes out as one gats request, concurrently; these are
+// not coalesced, since every request carries its own exptime.
 func (c *conn) getAndTouch(words [][]byte, withCAS bool) error {
 	id := cmdGat
 	if withCAS {
@@ -53,31 +49,25 @@ func (c *conn) getAndTouch(words [][]byte, withCAS bool) error {
 	}
 	exptime, ok := parseInt32(words[0])
 	if !ok {
-		c.p.stats.record(id, outcomeClientError)
-		c.reply(replyBadExptime)
-		return nil
+		return c.clientError(id, replyBadExptime)
 	}
 	keys := words[1:]
 	if !c.checkKeys(id, keys) {
 		return nil
 	}
 	used := c.groupKeys(keys)
+	r := retrieval{touch: true, exptime: exptime}
 	var wg sync.WaitGroup
 	for s, call := range c.calls {
-		if !used[s] {
-			continue
+		if used[s] {
+			wg.Add(1)
+			go func(pool *rawPool, call *getCall) {
+				defer wg.Done()
+				batch := append(call.batch[:0], call)
+				fetch(pool, r, batch, call.keys)
+				call.batch = batch[:0]
+			}(c.p.servers[s].raw, call)
 		}
-		wg.Add(1)
-		go func(srv *server, call *getCall) {
-			defer wg.Done()
-			found := make(map[string]*memcache.Item, len(call.keys))
-			call.err = srv.extra.getAndTouch(exptime, call.keys, withCAS, func(it *memcache.Item) {
-				found[it.Key] = it
-			})
-			for _, k := range call.keys {
-				call.items = append(call.items, found[k])
-			}
-		}(c.p.servers[s], call)
 	}
 	wg.Wait()
 	return c.answerRetrieval(id, withCAS)
@@ -135,11 +125,13 @@ func (c *conn) usedServers() []bool {
 // answerRetrieval writes the reply once every call has its items.
 func (c *conn) answerRetrieval(id int, withCAS bool) error {
 	st := c.p.stats
+	oc := outcomeOK
 	for _, call := range c.calls {
 		if call.err != nil && len(call.keys) > 0 {
 			c.p.upstreamFailed(call.err)
+			oc = outcomeUpstreamError
 			if c.p.cfg.RetrievalFailure == failureError {
-				st.record(id, outcomeUpstreamError)
+				st.record(id, oc)
 				reply, _ := upstreamReply(call.err)
 				c.reply(reply)
 				return nil
@@ -148,21 +140,18 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 	}
 	touch := id == cmdGat || id == cmdGats
 	for i, o := range c.owners {
-		var it *memcache.Item
+		hit := false
 		if o.srv >= 0 {
 			call := c.calls[o.srv]
-			if call.err == nil {
-				it = call.items[o.pos]
+			if call.err == nil && call.items[o.pos].hit {
+				it := &call.items[o.pos]
+				c.writeValue(c.keys[i], it.flags, it.cas, call.value(int(o.pos)), withCAS)
+				hit = true
 			}
 		}
-		if it == nil {
-			st.recordKey(touch, false)
-			continue
-		}
-		st.recordKey(touch, true)
-		c.writeValue(c.keys[i], it, withCAS)
+		st.recordKey(touch, hit)
 	}
-	st.record(id, outcomeOK)
+	st.record(id, oc)
 	c.wr.Write(replyEnd)
 	return nil
 }

@@ -10,8 +10,6 @@ import (
 // cache is the part of gomemcache's client the proxy uses on one server. It
 // is the seam where forwarding is tested with exact bytes in and out.
 type cache interface {
-	Get(key string) (*memcache.Item, error)
-	GetMulti(keys []string) (map[string]*memcache.Item, error)
 	Set(item *memcache.Item) error
 	Add(item *memcache.Item) error
 	Replace(item *memcache.Item) error
@@ -31,7 +29,7 @@ type server struct {
 	name   string
 	client cache
 	gets   *coalescer
-	extra  *extraPool
+	raw    *rawPool
 }
 
 func newServer(name string, cfg *Config, st *stats) (*server, error) {
@@ -55,14 +53,14 @@ func newServer(name string, cfg *Config, st *stats) (*server, error) {
 	s := &server{
 		name:   name,
 		client: mc,
-		extra:  &extraPool{dial: dial, timeout: cfg.Timeout, connectTimeout: cfg.ConnectTimeout, maxIdle: 2},
+		raw:    &rawPool{dial: dial, timeout: cfg.Timeout, connectTimeout: cfg.ConnectTimeout, maxIdle: cfg.MaxIdleConns},
 	}
-	s.gets = newCoalescer(s.client, st, cfg.GetConcurrency, cfg.GetBatchKeys)
+	s.gets = newCoalescer(s.raw, st, cfg.GetConcurrency, cfg.GetBatchKeys)
 	return s, nil
 }
 
 func (s *server) close() {
-	s.extra.close()
+	s.raw.close()
 	if c, ok := s.client.(interface{ Close() error }); ok {
 		c.Close()
 	}
