@@ -1,18 +1,88 @@
-// Package keyspace decides what key the sidecar stores a client's key under
-// upstream. Keys memcached and gomemcache can carry as they are pass
-// unchanged; rewriting over-long keys by hashing their tenant-bearing
-// segments is planned and will live here. The package is pure: no sockets,
-// no metrics, no flag parsing beyond registering its Config.
 package keyspace
 
-import "github.com/spf13/pflag"
+// Hash lengths in base64 characters: a segment token keeps 96 bits of
+// blake2b-256, the whole-key hash all 256.
+const (
+	tokenChars = 16
+	wholeChars = 43
+)
 
-// Config holds the key settings.
-type Config struct{}
+// Keyspace validates client keys and maps them to upstream keys under one
+// Config. It is immutable and safe for concurrent use.
+type Keyspace struct {
+	maxLen       int
+	maxClientLen int
+	tokenChars   int
+	wholeChars   int
+	patterns     []*pattern
+	// byFirst[b] lists, in table order, the patterns a key starting with
+	// byte b can match, so a key is tried against few patterns.
+	byFirst [256][]*pattern
+	names   []string
+}
 
-// RegisterFlags adds the key settings to fs. There are none yet: keys pass
-// through unchanged.
-func (c *Config) RegisterFlags(fs *pflag.FlagSet) {}
+// New checks cfg and builds its Keyspace.
+func New(cfg Config) (*Keyspace, error) {
+	pats, err := cfg.compile()
+	if err != nil {
+		return nil, err
+	}
+	k := &Keyspace{
+		maxLen:       cfg.MaxLength,
+		maxClientLen: cfg.MaxClientLength,
+		tokenChars:   tokenChars,
+		wholeChars:   wholeChars,
+		patterns:     pats,
+	}
+	if n := cfg.TestHashChars; n > 0 {
+		k.tokenChars, k.wholeChars = n, n
+	}
+	seen := map[string]bool{}
+	for _, p := range pats {
+		for b := range k.byFirst {
+			if first := p.parts[0].lit; first == nil || first[0] == byte(b) {
+				k.byFirst[b] = append(k.byFirst[b], p)
+			}
+		}
+		if !seen[p.scheme.Name] {
+			seen[p.scheme.Name] = true
+			k.names = append(k.names, p.scheme.Name)
+		}
+	}
+	k.names = append(k.names, NoScheme)
+	return k, nil
+}
 
-// Validate reports the first setting that cannot work.
-func (c *Config) Validate() error { return nil }
+// MaxLength returns the longest key sent upstream.
+func (k *Keyspace) MaxLength() int { return k.maxLen }
+
+// MaxClientLength returns the longest key a client may send.
+func (k *Keyspace) MaxClientLength() int { return k.maxClientLen }
+
+// SchemeNames returns the name of every scheme that is on, in the order
+// they are tried, then NoScheme: the values of a "scheme" metric label.
+func (k *Keyspace) SchemeNames() []string { return append([]string(nil), k.names...) }
+
+// SchemeOf returns the scheme of the first pattern key matches, and false
+// if none does. The value codec asks it whether a key is postings-bearing.
+// It allocates nothing.
+func (k *Keyspace) SchemeOf(key []byte) (Scheme, bool) {
+	var m match
+	if p := k.find(key, &m); p != nil {
+		return *p.scheme, true
+	}
+	return Scheme{}, false
+}
+
+// find returns the first pattern key matches, with its segments in m.
+func (k *Keyspace) find(key []byte, m *match) *pattern {
+	if len(key) == 0 {
+		return nil
+	}
+	for _, p := range k.byFirst[key[0]] {
+		if p.matchKey(key, m) {
+			return p
+		}
+	}
+	return nil
+}

@@ -21,8 +21,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
 
-	"mcsidecar/codec"
-	"mcsidecar/keyspace"
 	"mcsidecar/proxy"
 )
 
@@ -30,10 +28,10 @@ import (
 var version = "0.1.0-dev"
 
 // config is the command's own settings; each package registers its own.
+// The keyspace and codec packages are not wired into the request path yet,
+// so their flags are not offered: a flag that changes nothing would lie.
 type config struct {
 	proxy         proxy.Config
-	keys          keyspace.Config
-	values        codec.Config
 	metricsListen string
 	shutdownGrace time.Duration
 	logLevel      string
@@ -43,8 +41,6 @@ type config struct {
 
 func (c *config) registerFlags(fs *pflag.FlagSet) {
 	c.proxy.RegisterFlags(fs)
-	c.keys.RegisterFlags(fs)
-	c.values.RegisterFlags(fs)
 	fs.StringVar(&c.metricsListen, "metrics-listen", "127.0.0.1:9151", "HTTP address for /metrics, /healthz and /readyz (empty: off)")
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGTERM, how long in-flight requests may take before connections are closed")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -54,12 +50,6 @@ func (c *config) registerFlags(fs *pflag.FlagSet) {
 
 func (c *config) validate() error {
 	if err := c.proxy.Validate(); err != nil {
-		return err
-	}
-	if err := c.keys.Validate(); err != nil {
-		return err
-	}
-	if err := c.values.Validate(); err != nil {
 		return err
 	}
 	if c.shutdownGrace < 0 {
