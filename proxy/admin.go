@@ -35,7 +35,7 @@ func (c *conn) arithmetic(w [][]byte, incr bool) error {
 		n, err = srv.client.Decrement(k, delta)
 	}
 	if err != nil {
-		return c.upstreamError(id, err)
+		return c.upstreamError(id, srv, err)
 	}
 	c.p.stats.record(id, outcomeOK)
 	c.replyNumber(n)
@@ -59,8 +59,9 @@ func (c *conn) touch(w [][]byte) error {
 		return nil
 	}
 	k := string(key)
-	if err := c.p.servers[c.serverFor(k)].client.Touch(k, exptime); err != nil {
-		return c.upstreamError(cmdTouch, err)
+	srv := c.p.servers[c.serverFor(k)]
+	if err := srv.client.Touch(k, exptime); err != nil {
+		return c.upstreamError(cmdTouch, srv, err)
 	}
 	c.p.stats.record(cmdTouch, outcomeOK)
 	c.reply(replyTouched)
@@ -88,8 +89,9 @@ func (c *conn) delete(w [][]byte) error {
 		return nil
 	}
 	k := string(key)
-	if err := c.p.servers[c.serverFor(k)].client.Delete(k); err != nil {
-		return c.upstreamError(cmdDelete, err)
+	srv := c.p.servers[c.serverFor(k)]
+	if err := srv.client.Delete(k); err != nil {
+		return c.upstreamError(cmdDelete, srv, err)
 	}
 	c.p.stats.record(cmdDelete, outcomeOK)
 	c.reply(replyDeleted)
@@ -123,9 +125,9 @@ func (c *conn) flushAll(w [][]byte) error {
 		}()
 	}
 	wg.Wait()
-	for _, err := range errs {
+	for i, err := range errs {
 		if err != nil {
-			return c.upstreamError(cmdFlushAll, err)
+			return c.upstreamError(cmdFlushAll, c.p.servers[i], err)
 		}
 	}
 	c.p.stats.record(cmdFlushAll, outcomeOK)
@@ -183,12 +185,13 @@ func (c *conn) clientError(id int, reply []byte) error {
 	return nil
 }
 
-// upstreamError answers a failed upstream call with memcached's reply for
+// upstreamError answers a failed call to srv with memcached's reply for
 // the cache outcome, or SERVER_ERROR for a failure.
-func (c *conn) upstreamError(id int, err error) error {
+func (c *conn) upstreamError(id int, srv *server, err error) error {
 	reply, oc := upstreamReply(err)
 	if oc == outcomeUpstreamError {
-		c.p.upstreamFailed(err)
+		c.p.stats.upstreamErrors.Add(1)
+		srv.dropIdle(err)
 	}
 	c.p.stats.record(id, oc)
 	c.reply(reply)

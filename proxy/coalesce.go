@@ -1,6 +1,9 @@
 package proxy
 
-import "sync"
+import (
+	"slices"
+	"sync"
+)
 
 // getCall is one client request's share of keys on one server. A connection
 // keeps one per server and reuses it, buffers included, so a get costs no
@@ -58,21 +61,31 @@ func (c *getCall) value(i int) []byte {
 }
 
 // fetch sends the keys of every call in batch, in order, as one retrieval
-// and hands each call its items.
-func fetch(pool *rawPool, r retrieval, batch []*getCall, keys []string) {
-	for _, c := range batch {
-		c.items = append(c.items[:0], make([]item, len(c.keys))...)
+// and hands each call its items. A failed request is counted once, however
+// many clients it served.
+func fetch(pool *rawPool, st *stats, r retrieval, batch []*getCall, keys []string) {
+	var j, start int
+	begin := func() {
+		for _, c := range batch {
+			c.items = append(c.items[:0], make([]item, len(c.keys))...)
+			c.arena = c.arena[:0]
+		}
+		j, start = 0, 0
 	}
-	j, start := 0, 0
-	err := pool.retrieve(r, keys, func(i int, flags uint32, cas uint64, v []byte) {
+	err := pool.retrieve(r, keys, begin, func(i int, flags uint32, cas uint64, size int) []byte {
 		for i >= start+len(batch[j].keys) {
 			start += len(batch[j].keys)
 			j++
 		}
 		c := batch[j]
-		c.items[i-start] = item{hit: true, flags: flags, cas: cas, off: len(c.arena), n: len(v)}
-		c.arena = append(c.arena, v...)
+		off := len(c.arena)
+		c.arena = slices.Grow(c.arena, size)[:off+size]
+		c.items[i-start] = item{hit: true, flags: flags, cas: cas, off: off, n: size}
+		return c.arena[off:]
 	})
+	if err != nil {
+		st.upstreamErrors.Add(1)
+	}
 	for _, c := range batch {
 		c.err = err
 	}
@@ -123,7 +136,10 @@ func (co *coalescer) lead(call *getCall) {
 	keys := append(call.batchKeys[:0], call.keys...)
 	co.mu.Lock()
 	n := 0
-	for n < len(co.waiting) && len(keys) < co.maxKeys {
+	// Waiters join in order while their keys fit; one whose keys would
+	// overflow the batch waits for the next, so a heavy request never
+	// shares a deadline with light ones it was not already next to.
+	for n < len(co.waiting) && len(keys)+len(co.waiting[n].keys) <= co.maxKeys {
 		batch = append(batch, co.waiting[n])
 		keys = append(keys, co.waiting[n].keys...)
 		n++
@@ -133,7 +149,7 @@ func (co *coalescer) lead(call *getCall) {
 
 	co.stats.upstreamGets.Add(1)
 	co.stats.upstreamGetKeys.Add(uint64(len(keys)))
-	fetch(co.pool, retrieval{}, batch, keys)
+	fetch(co.pool, co.stats, retrieval{}, batch, keys)
 	for _, c := range batch[1:] {
 		c.done <- signalDone
 	}

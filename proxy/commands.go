@@ -44,7 +44,7 @@ const (
 // commands is the command table. The word counts are memcached's token
 // checks (WANT_TOKENS*) less its terminal token; a line over its count is
 // answered ERROR, as memcached does.
-var commands = [numCommands]command{
+var commands = numbered([numCommands]command{
 	cmdGet:       {name: "get", minWords: 2, run: func(c *conn, w [][]byte) error { return c.retrieve(w[1:], false) }},
 	cmdGets:      {name: "gets", minWords: 2, run: func(c *conn, w [][]byte) error { return c.retrieve(w[1:], true) }},
 	cmdGat:       {name: "gat", minWords: 2, run: func(c *conn, w [][]byte) error { return c.getAndTouch(w[1:], false) }},
@@ -65,59 +65,27 @@ var commands = [numCommands]command{
 	cmdStats:     {name: "stats", minWords: 1, run: (*conn).stats},
 	cmdQuit:      {name: "quit", minWords: 1, run: (*conn).quit},
 	cmdUnknown:   {name: "unknown"},
+})
+
+// numbered sets each command's id to its index in the table.
+func numbered(t [numCommands]command) [numCommands]command {
+	for i := range t {
+		t[i].id = i
+	}
+	return t
 }
 
-func init() {
+// byVerb finds a command by its verb. "bget" is memcached's ancient alias
+// of get, still accepted; "unknown" is not a verb.
+var byVerb = func() map[string]*command {
+	m := map[string]*command{"bget": &commands[cmdGet]}
 	for i := range commands {
-		commands[i].id = i
+		if i != cmdUnknown {
+			m[commands[i].name] = &commands[i]
+		}
 	}
-}
-
-// lookup finds the command for verb. "bget" is memcached's ancient alias
-// of get, still accepted.
-func lookup(verb []byte) *command {
-	switch string(verb) {
-	case "get", "bget":
-		return &commands[cmdGet]
-	case "gets":
-		return &commands[cmdGets]
-	case "gat":
-		return &commands[cmdGat]
-	case "gats":
-		return &commands[cmdGats]
-	case "set":
-		return &commands[cmdSet]
-	case "add":
-		return &commands[cmdAdd]
-	case "replace":
-		return &commands[cmdReplace]
-	case "append":
-		return &commands[cmdAppend]
-	case "prepend":
-		return &commands[cmdPrepend]
-	case "cas":
-		return &commands[cmdCas]
-	case "incr":
-		return &commands[cmdIncr]
-	case "decr":
-		return &commands[cmdDecr]
-	case "touch":
-		return &commands[cmdTouch]
-	case "delete":
-		return &commands[cmdDelete]
-	case "flush_all":
-		return &commands[cmdFlushAll]
-	case "version":
-		return &commands[cmdVersion]
-	case "verbosity":
-		return &commands[cmdVerbosity]
-	case "stats":
-		return &commands[cmdStats]
-	case "quit":
-		return &commands[cmdQuit]
-	}
-	return nil
-}
+	return m
+}()
 
 // verdict is what parsing decided about a line before any handler runs.
 type verdict uint8
@@ -137,7 +105,7 @@ func parseLine(dst [][]byte, line []byte) (*command, [][]byte, verdict) {
 	if len(words) == 0 || len(words[0]) < 2 {
 		return nil, words, verdictUnknown
 	}
-	cmd := lookup(words[0])
+	cmd := byVerb[string(words[0])]
 	if cmd == nil {
 		// memcached hangs up on what looks like an HTTP request, but only
 		// when its verb dispatch found no family for the first letter.
@@ -171,6 +139,8 @@ func (c *conn) dispatch(line []byte) error {
 	c.words = words
 	switch v {
 	case verdictClose:
+		// memcached sends nothing more, not even earlier replies.
+		c.wr.Reset(c.cc)
 		return errQuit
 	case verdictUnknown:
 		return c.clientError(cmdUnknown, replyError)

@@ -27,6 +27,7 @@ var errQuit = errors.New("quit")
 type conn struct {
 	p       *Proxy
 	nc      net.Conn
+	cc      *countingConn
 	rd      *reader
 	wr      *bufio.Writer
 	words   [][]byte
@@ -37,6 +38,7 @@ type conn struct {
 	calls   []*getCall // one per upstream server
 	keys    []string
 	owners  []keyOwner
+	seen    map[string]keyOwner // keys already grouped in this request
 	used    []bool
 	item    memcache.Item
 	scratch []byte
@@ -48,7 +50,7 @@ type keyOwner struct{ srv, pos int32 }
 
 func newConn(p *Proxy, nc net.Conn) *conn {
 	cc := &countingConn{Conn: nc, stats: p.stats}
-	c := &conn{p: p, nc: nc, wr: bufio.NewWriterSize(cc, writeBufferSize)}
+	c := &conn{p: p, nc: nc, cc: cc, wr: bufio.NewWriterSize(cc, writeBufferSize)}
 	c.rd = newReader(cc, readBufferSize, int(p.cfg.MaxRequestLine), c.flush)
 	c.words = make([][]byte, 0, maxTokens)
 	c.calls = make([]*getCall, len(p.servers))
@@ -94,7 +96,31 @@ func (c *conn) serve() {
 			c.flush()
 			return
 		}
+		// A client that is gone gets no more work done for it: memcached
+		// stops at the first failed write too.
+		if c.cc.failed.Load() {
+			return
+		}
+		c.shrink()
 	}
+}
+
+// shrink lets go of per-request buffers that one unusually large request
+// grew, so an idle connection holds little memory.
+func (c *conn) shrink() {
+	const keep = 4096
+	if cap(c.words) > keep {
+		c.words = make([][]byte, 0, maxTokens)
+	}
+	if cap(c.keys) > keep {
+		c.keys, c.owners, c.seen = nil, nil, nil
+		for i, call := range c.calls {
+			if cap(call.keys) > keep || cap(call.batchKeys) > keep {
+				c.calls[i] = newGetCall()
+			}
+		}
+	}
+	c.rd.shrink()
 }
 
 // markBusy records that the connection is handling a request. During a
@@ -166,10 +192,12 @@ func forwardable(key []byte) bool {
 // serverFor returns the index of the server that owns key.
 func (c *conn) serverFor(key string) int { return c.p.sel.pick(key) }
 
-// countingConn counts the bytes a client sends and receives for stats.
+// countingConn counts the bytes a client sends and receives for stats, and
+// remembers whether a write failed.
 type countingConn struct {
 	net.Conn
-	stats *stats
+	stats  *stats
+	failed atomic.Bool
 }
 
 func (cc *countingConn) Read(b []byte) (int, error) {
@@ -181,5 +209,8 @@ func (cc *countingConn) Read(b []byte) (int, error) {
 func (cc *countingConn) Write(b []byte) (int, error) {
 	n, err := cc.Conn.Write(b)
 	cc.stats.bytesWritten.Add(uint64(n))
+	if err != nil {
+		cc.failed.Store(true)
+	}
 	return n, err
 }

@@ -173,7 +173,7 @@ func TestDifferential(t *testing.T) {
 	if len(diffCases) < 50 {
 		t.Fatalf("only %d differential cases", len(diffCases))
 	}
-	for _, tc := range diffCases {
+	for _, tc := range append(diffCases, regressionDiffCases...) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			direct := startMemcached(t)
@@ -202,7 +202,7 @@ var casValue = regexp.MustCompile(`(?m)^(VALUE \S+ \d+ \d+) \d+\r$`)
 // spreads keys over three memcached servers. Replies must still match one
 // memcached's, CAS values aside (each server counts its own).
 func TestDifferentialThreeServers(t *testing.T) {
-	for _, tc := range diffCases {
+	for _, tc := range append(diffCases, regressionDiffCases...) {
 		if tc.exactCAS {
 			continue
 		}

@@ -98,7 +98,15 @@ func TestMisbehavingClientsLeaveNoConnectionBehind(t *testing.T) {
 		t.Error(err)
 	}
 
+	// First every client must have been accepted, or the count below could
+	// read the baseline before the proxy saw them at all.
 	deadline := time.Now().Add(5 * time.Second)
+	for probe.stat("total_connections") < total+uint64(len(clients)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("total_connections = %d 5s after the clients left, want at least %d", probe.stat("total_connections"), total+uint64(len(clients)))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	for {
 		curr := probe.stat("curr_connections")
 		if curr == baseline {

@@ -1,7 +1,7 @@
 // Package proxy is the memcached text-protocol server of the sidecar: it
 // accepts client connections, parses every pipelined command, forwards each
-// to the upstream memcached server that owns its key through gomemcache,
-// and answers exactly as memcached would.
+// to the upstream memcached server that owns its key, and answers exactly
+// as memcached would.
 package proxy
 
 import (
@@ -12,8 +12,13 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
+
+// errTooManyFiles is the accept error worth waiting out: the process ran
+// out of file descriptors, and closing connections will free some.
+var errTooManyFiles error = syscall.EMFILE
 
 // Proxy serves the memcached protocol in front of a set of upstream servers.
 type Proxy struct {
@@ -205,20 +210,24 @@ func (p *Proxy) closeServers() {
 	}
 }
 
-// upstreamFailed counts an upstream failure.
-func (p *Proxy) upstreamFailed(err error) {
-	p.stats.upstreamErrors.Add(1)
-}
-
-// Ready reports whether at least one upstream server answers.
+// Ready reports whether at least one upstream server answers. The servers
+// are asked at once; the first answer decides.
 func (p *Proxy) Ready(ctx context.Context) error {
-	var last error
+	results := make(chan error, len(p.servers))
 	for _, s := range p.servers {
-		if err := s.raw.ping(); err != nil {
+		go func() { results <- s.raw.ping() }()
+	}
+	var last error
+	for range p.servers {
+		select {
+		case err := <-results:
+			if err == nil {
+				return nil
+			}
 			last = err
-			continue
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		return nil
 	}
 	return fmt.Errorf("no upstream server answers: %w", last)
 }

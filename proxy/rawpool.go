@@ -22,7 +22,7 @@ import (
 //     starts a goroutine and builds a map per call, and allocates every
 //     value. Here one deadline bounds the whole request and values are
 //     copied straight into the caller's reused buffer.
-//   - flush_all with a delay, and version for readiness.
+//   - flush_all (gomemcache's takes no delay), and version for readiness.
 //
 // Storage, delete, touch and arithmetic go through gomemcache.
 type rawPool struct {
@@ -44,23 +44,47 @@ type rawConn struct {
 var errUnexpectedReply = errors.New("unexpected reply from upstream")
 
 // do runs fn on a pooled connection under one deadline. The connection is
-// kept only if fn succeeded.
+// kept only if fn succeeded. When a connection taken from the idle pool
+// fails other than by timing out, the server has most likely restarted:
+// every idle connection is dropped and fn runs once more on a new one, so
+// a restart costs no client a failed request. fn must be safe to repeat.
 func (p *rawPool) do(fn func(*rawConn) error) error {
+	c, reused, err := p.get()
+	if err != nil {
+		return err
+	}
+	err = p.run(c, fn)
+	if err != nil && reused && !isTimeout(err) {
+		p.dropIdle()
+		if c, _, err = p.get(); err != nil {
+			return err
+		}
+		err = p.run(c, fn)
+	}
+	return err
+}
+
+// get returns an idle connection, or a new one.
+func (p *rawPool) get() (c *rawConn, reused bool, err error) {
 	p.mu.Lock()
-	var c *rawConn
 	if n := len(p.idle); n > 0 {
 		c, p.idle = p.idle[n-1], p.idle[:n-1]
 	}
 	p.mu.Unlock()
-	if c == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), min(p.connectTimeout, p.timeout))
-		nc, err := p.dial(ctx, "", "")
-		cancel()
-		if err != nil {
-			return err
-		}
-		c = &rawConn{nc: nc, rw: bufio.NewReadWriter(bufio.NewReaderSize(nc, 16<<10), bufio.NewWriterSize(nc, 4<<10))}
+	if c != nil {
+		return c, true, nil
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), min(p.connectTimeout, p.timeout))
+	defer cancel()
+	nc, err := p.dial(ctx, "", "")
+	if err != nil {
+		return nil, false, err
+	}
+	return &rawConn{nc: nc, rw: bufio.NewReadWriter(bufio.NewReaderSize(nc, 16<<10), bufio.NewWriterSize(nc, 4<<10))}, false, nil
+}
+
+// run runs fn on c under one deadline and pools c again if fn succeeded.
+func (p *rawPool) run(c *rawConn, fn func(*rawConn) error) error {
 	c.nc.SetDeadline(time.Now().Add(p.timeout))
 	if err := fn(c); err != nil {
 		c.nc.Close()
@@ -76,6 +100,17 @@ func (p *rawPool) do(fn func(*rawConn) error) error {
 		c.nc.Close()
 	}
 	return nil
+}
+
+// dropIdle closes every idle connection.
+func (p *rawPool) dropIdle() {
+	p.mu.Lock()
+	idle := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	for _, c := range idle {
+		c.nc.Close()
+	}
 }
 
 func (p *rawPool) close() {
@@ -94,38 +129,32 @@ type retrieval struct {
 	exptime int32 // the new expiration time, with touch
 }
 
-// found receives one item of a retrieval reply; key and value are only
-// valid during the call.
-type found func(i int, flags uint32, cas uint64, value []byte)
+// lineMax is the longest non-get line memcached reads in pieces: with more
+// than this buffered and no newline it hangs up, so a long gats is split
+// into several pipelined lines no longer than this.
+const lineMax = 2048
 
-// retrieve sends keys in one retrieval command, always asking for CAS
-// values (gets or gats), and calls hit for each item with the index of
-// its key. memcached answers hits in request order, which is how each
-// VALUE line is matched to its key without a map.
-func (p *rawPool) retrieve(r retrieval, keys []string, hit found) error {
+// retrieve sends keys in retrieval commands, always asking for CAS values
+// (gets, or gats), and reads each hit's value into the buffer that hit
+// returns for it: i is the key's index in keys. begin runs before every
+// attempt, since a retry starts over. memcached answers hits in request
+// order, which is how each VALUE line is matched to its key without a map.
+func (p *rawPool) retrieve(r retrieval, keys []string, begin func(), hit func(i int, flags uint32, cas uint64, size int) []byte) error {
 	return p.do(func(c *rawConn) error {
-		if r.touch {
-			c.rw.WriteString("gats ")
-			c.rw.WriteString(strconv.FormatInt(int64(r.exptime), 10))
-		} else {
-			c.rw.WriteString("gets")
-		}
-		for _, k := range keys {
-			c.rw.WriteByte(' ')
-			c.rw.WriteString(k)
-		}
-		c.rw.Write(crlf)
+		begin()
+		lines := writeRetrievals(c.rw.Writer, r, keys)
 		if err := c.rw.Flush(); err != nil {
 			return err
 		}
 		next := 0
-		for {
+		for ends := 0; ends < lines; {
 			line, err := c.rw.ReadSlice('\n')
 			if err != nil {
 				return err
 			}
 			if bytes.Equal(line, replyEnd) {
-				return nil
+				ends++
+				continue
 			}
 			key, flags, size, cas, err := parseValueLine(line)
 			if err != nil {
@@ -137,37 +166,55 @@ func (p *rawPool) retrieve(r retrieval, keys []string, hit found) error {
 			if next == len(keys) {
 				return fmt.Errorf("%w: %q answers no key asked for", errUnexpectedReply, line)
 			}
-			if err := readValue(c.rw.Reader, size, func(v []byte) { hit(next, flags, cas, v) }); err != nil {
+			if err := readValue(c.rw.Reader, hit(next, flags, cas, size)); err != nil {
 				return err
 			}
 			next++
 		}
+		return nil
 	})
 }
 
-// readValue reads a size-byte data block and its "\r\n", handing the block
-// to use without a copy when it fits the reader's buffer.
-func readValue(br *bufio.Reader, size int, use func([]byte)) error {
-	if size+2 <= br.Size() {
-		b, err := br.Peek(size + 2)
-		if err != nil {
-			return err
+// writeRetrievals writes the request lines for keys and returns how many
+// it wrote. A gets line may be as long as it needs; gats lines are split
+// at lineMax.
+func writeRetrievals(w *bufio.Writer, r retrieval, keys []string) int {
+	var verb []byte
+	if r.touch {
+		verb = strconv.AppendInt([]byte("gats "), int64(r.exptime), 10)
+	} else {
+		verb = []byte("gets")
+	}
+	lines, n := 0, 0
+	for i, k := range keys {
+		if i == 0 || r.touch && n+1+len(k)+2 > lineMax {
+			if i > 0 {
+				w.Write(crlf)
+			}
+			w.Write(verb)
+			n = len(verb)
+			lines++
 		}
-		if !bytes.HasSuffix(b, crlf) {
-			return errUnexpectedReply
-		}
-		use(b[:size])
-		_, err = br.Discard(size + 2)
+		w.WriteByte(' ')
+		w.WriteString(k)
+		n += 1 + len(k)
+	}
+	w.Write(crlf)
+	return lines
+}
+
+// readValue reads a data block into dst, then its "\r\n".
+func readValue(br *bufio.Reader, dst []byte) error {
+	if _, err := io.ReadFull(br, dst); err != nil {
 		return err
 	}
-	b := make([]byte, size+2)
-	if _, err := io.ReadFull(br, b); err != nil {
+	var end [2]byte
+	if _, err := io.ReadFull(br, end[:]); err != nil {
 		return err
 	}
-	if !bytes.HasSuffix(b, crlf) {
+	if end != [2]byte{'\r', '\n'} {
 		return errUnexpectedReply
 	}
-	use(b[:size])
 	return nil
 }
 

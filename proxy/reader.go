@@ -26,13 +26,14 @@ type reader struct {
 	src   io.Reader
 	buf   []byte
 	r, w  int
+	size  int          // the buffer's usual size
 	max   int          // largest buffer a long retrieval line may grow to
 	flush func() error // called before a read that may block
 	err   error        // sticky read error
 }
 
 func newReader(src io.Reader, size, max int, flush func() error) *reader {
-	return &reader{src: src, buf: make([]byte, size), max: max, flush: flush}
+	return &reader{src: src, buf: make([]byte, size), size: size, max: max, flush: flush}
 }
 
 // buffered returns the bytes read from the client and not yet consumed.
@@ -150,6 +151,19 @@ func (rd *reader) discard(n int) error {
 		n -= take
 	}
 	return nil
+}
+
+// shrink returns a buffer that a long retrieval line grew to its first
+// size once the bytes in it fit, so memory follows what a connection does
+// now, not the largest line it ever sent.
+func (rd *reader) shrink() {
+	if len(rd.buf) <= rd.size || rd.w-rd.r > rd.size {
+		return
+	}
+	small := make([]byte, rd.size)
+	rd.w = copy(small, rd.buf[rd.r:rd.w])
+	rd.r = 0
+	rd.buf = small
 }
 
 // readSome reads into the free tail of the buffer, which the caller has

@@ -1,10 +1,13 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
+	"io"
 	"net"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/bradfitz/gomemcache/memcache"
 )
@@ -77,6 +80,10 @@ func upstreamReply(err error) ([]byte, outcome) {
 		return []byte("CLIENT_ERROR " + rest + "\r\n"), outcomeClientError
 	}
 	if line, ok := relayedLine(msg); ok {
+		if bytes.Equal(line, replyTooLarge) {
+			// The server's item limit, not a failure of the server.
+			return line, outcomeClientError
+		}
 		return line, outcomeUpstreamError
 	}
 	if isTimeout(err) {
@@ -104,6 +111,18 @@ func relayedLine(msg string) ([]byte, bool) {
 		line += "\r\n"
 	}
 	return []byte(line), true
+}
+
+// isConnError reports whether err is a broken connection (reset, closed,
+// refused) rather than a timeout or a reply: what a restarted server
+// leaves behind in every pooled connection.
+func isConnError(err error) bool {
+	if err == nil || isTimeout(err) {
+		return false
+	}
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 func isTimeout(err error) bool {

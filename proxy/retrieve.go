@@ -52,11 +52,22 @@ func (c *conn) getAndTouch(words [][]byte, withCAS bool) error {
 		return c.clientError(id, replyBadExptime)
 	}
 	keys := words[1:]
-	if !c.checkKeys(id, keys) {
-		return nil
-	}
-	used := c.groupKeys(keys)
 	r := retrieval{touch: true, exptime: exptime}
+	for i, k := range keys {
+		if len(k) > keyMaxLength {
+			// memcached touches the keys before the one it refuses.
+			c.fetchAndTouch(r, keys[:i])
+			return c.clientError(id, replyBadFormat)
+		}
+	}
+	c.fetchAndTouch(r, keys)
+	return c.answerRetrieval(id, withCAS)
+}
+
+// fetchAndTouch sends each server's share of keys as one gats request,
+// concurrently, and leaves the results in c.calls.
+func (c *conn) fetchAndTouch(r retrieval, keys [][]byte) {
+	used := c.groupKeys(keys)
 	var wg sync.WaitGroup
 	for s, call := range c.calls {
 		if used[s] {
@@ -64,13 +75,12 @@ func (c *conn) getAndTouch(words [][]byte, withCAS bool) error {
 			go func(pool *rawPool, call *getCall) {
 				defer wg.Done()
 				batch := append(call.batch[:0], call)
-				fetch(pool, r, batch, call.keys)
+				fetch(pool, c.p.stats, r, batch, call.keys)
 				call.batch = batch[:0]
 			}(c.p.servers[s].raw, call)
 		}
 	}
 	wg.Wait()
-	return c.answerRetrieval(id, withCAS)
 }
 
 // checkKeys refuses the whole request, as memcached does, when a key is
@@ -95,6 +105,9 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 	for _, call := range c.calls {
 		call.reset()
 	}
+	if len(keys) > 1 {
+		clear(c.seen)
+	}
 	for _, k := range keys {
 		key := string(k)
 		c.keys = append(c.keys, key)
@@ -103,11 +116,27 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 			c.owners = append(c.owners, keyOwner{srv: -1})
 			continue
 		}
+		// A key named again is fetched once and answered as often as it
+		// was named, so repeating a large key costs one copy, as in
+		// memcached.
+		if len(keys) > 1 {
+			if o, ok := c.seen[key]; ok {
+				c.owners = append(c.owners, o)
+				continue
+			}
+		}
 		s := c.serverFor(key)
 		call := c.calls[s]
-		c.owners = append(c.owners, keyOwner{srv: int32(s), pos: int32(len(call.keys))})
+		o := keyOwner{srv: int32(s), pos: int32(len(call.keys))}
+		c.owners = append(c.owners, o)
 		call.keys = append(call.keys, key)
 		used[s] = true
+		if len(keys) > 1 {
+			if c.seen == nil {
+				c.seen = make(map[string]keyOwner)
+			}
+			c.seen[key] = o
+		}
 	}
 	return used
 }
@@ -128,7 +157,6 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 	oc := outcomeOK
 	for _, call := range c.calls {
 		if call.err != nil && len(call.keys) > 0 {
-			c.p.upstreamFailed(call.err)
 			oc = outcomeUpstreamError
 			if c.p.cfg.RetrievalFailure == failureError {
 				st.record(id, oc)

@@ -4,6 +4,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -24,6 +25,9 @@ type stats struct {
 	upstreamGets             atomic.Uint64 // get requests sent upstream
 	upstreamGetKeys          atomic.Uint64 // keys in them
 	requests                 [numCommands][numOutcomes]atomic.Uint64
+
+	baseMu sync.Mutex
+	base   counters // at the last "stats reset"
 }
 
 func newStats() *stats { return &stats{started: time.Now()} }
@@ -49,24 +53,69 @@ func (s *stats) recordKey(touch, hit bool) {
 	}
 }
 
-// reset zeroes what "stats reset" zeroes in memcached: the counters, not
-// the connection gauges.
-func (s *stats) reset() {
-	for _, c := range []*atomic.Uint64{
-		&s.bytesRead, &s.bytesWritten, &s.cmdGet, &s.cmdSet, &s.cmdTouch,
-		&s.getHits, &s.getMisses, &s.touchHits, &s.touchMisses, &s.upstreamErrors,
-		&s.upstreamGets, &s.upstreamGetKeys,
-	} {
-		c.Store(0)
-	}
-	s.totalConns.Store(0)
+// counters is a moment's copy of the counters "stats reset" zeroes.
+type counters struct {
+	totalConns, bytesRead, bytesWritten      uint64
+	cmdGet, cmdSet, cmdTouch                 uint64
+	getHits, getMisses, touchHits, touchMiss uint64
+	upstreamErrors, upstreamGets, upGetKeys  uint64
+	requests                                 [numCommands][numOutcomes]uint64
 }
 
-func (s *stats) count(id int, oc outcome) uint64 { return s.requests[id][oc].Load() }
+func (s *stats) snapshot() counters {
+	c := counters{
+		totalConns: uint64(s.totalConns.Load()), bytesRead: s.bytesRead.Load(), bytesWritten: s.bytesWritten.Load(),
+		cmdGet: s.cmdGet.Load(), cmdSet: s.cmdSet.Load(), cmdTouch: s.cmdTouch.Load(),
+		getHits: s.getHits.Load(), getMisses: s.getMisses.Load(), touchHits: s.touchHits.Load(), touchMiss: s.touchMisses.Load(),
+		upstreamErrors: s.upstreamErrors.Load(), upstreamGets: s.upstreamGets.Load(), upGetKeys: s.upstreamGetKeys.Load(),
+	}
+	for id := range c.requests {
+		for oc := range c.requests[id] {
+			c.requests[id][oc] = s.requests[id][oc].Load()
+		}
+	}
+	return c
+}
+
+// sub returns c less an earlier copy b.
+func (c counters) sub(b counters) counters {
+	out := counters{
+		totalConns: c.totalConns - b.totalConns, bytesRead: c.bytesRead - b.bytesRead, bytesWritten: c.bytesWritten - b.bytesWritten,
+		cmdGet: c.cmdGet - b.cmdGet, cmdSet: c.cmdSet - b.cmdSet, cmdTouch: c.cmdTouch - b.cmdTouch,
+		getHits: c.getHits - b.getHits, getMisses: c.getMisses - b.getMisses, touchHits: c.touchHits - b.touchHits, touchMiss: c.touchMiss - b.touchMiss,
+		upstreamErrors: c.upstreamErrors - b.upstreamErrors, upstreamGets: c.upstreamGets - b.upstreamGets, upGetKeys: c.upGetKeys - b.upGetKeys,
+	}
+	for id := range out.requests {
+		for oc := range out.requests[id] {
+			out.requests[id][oc] = c.requests[id][oc] - b.requests[id][oc]
+		}
+	}
+	return out
+}
+
+// reset makes "stats" count from now on, as memcached's "stats reset"
+// does. The counters themselves never go back: Prometheus reads them, and
+// a counter that falls is a restart to it.
+func (s *stats) reset() {
+	snap := s.snapshot()
+	s.baseMu.Lock()
+	s.base = snap
+	s.baseMu.Unlock()
+}
+
+// sinceReset returns the counters as "stats" reports them.
+func (s *stats) sinceReset() counters {
+	s.baseMu.Lock()
+	base := s.base
+	s.baseMu.Unlock()
+	return s.snapshot().sub(base)
+}
 
 // appendStats writes the "stats" reply in memcached's format.
 func (s *stats) appendStats(b []byte, p *Proxy) []byte {
 	now := time.Now()
+	c := s.sinceReset()
+	count := func(id int, oc outcome) uint64 { return c.requests[id][oc] }
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	num := func(name string, v uint64) {
@@ -94,31 +143,31 @@ func (s *stats) appendStats(b []byte, p *Proxy) []byte {
 	str("rusage_user", rusage(ru.Utime))
 	str("rusage_system", rusage(ru.Stime))
 	num("curr_connections", uint64(s.currConns.Load()))
-	num("total_connections", uint64(s.totalConns.Load()))
-	num("cmd_get", s.cmdGet.Load())
-	num("cmd_set", s.cmdSet.Load())
-	num("cmd_flush", s.count(cmdFlushAll, outcomeOK))
-	num("cmd_touch", s.cmdTouch.Load()+s.count(cmdTouch, outcomeOK)+s.count(cmdTouch, outcomeNotFound))
-	num("get_hits", s.getHits.Load())
-	num("get_misses", s.getMisses.Load())
-	num("delete_misses", s.count(cmdDelete, outcomeNotFound))
-	num("delete_hits", s.count(cmdDelete, outcomeOK))
-	num("incr_misses", s.count(cmdIncr, outcomeNotFound))
-	num("incr_hits", s.count(cmdIncr, outcomeOK))
-	num("decr_misses", s.count(cmdDecr, outcomeNotFound))
-	num("decr_hits", s.count(cmdDecr, outcomeOK))
-	num("cas_misses", s.count(cmdCas, outcomeNotFound))
-	num("cas_hits", s.count(cmdCas, outcomeStored))
-	num("cas_badval", s.count(cmdCas, outcomeExists))
-	num("touch_hits", s.touchHits.Load()+s.count(cmdTouch, outcomeOK))
-	num("touch_misses", s.touchMisses.Load()+s.count(cmdTouch, outcomeNotFound))
-	num("bytes_read", s.bytesRead.Load())
-	num("bytes_written", s.bytesWritten.Load())
+	num("total_connections", c.totalConns)
+	num("cmd_get", c.cmdGet)
+	num("cmd_set", c.cmdSet)
+	num("cmd_flush", count(cmdFlushAll, outcomeOK))
+	num("cmd_touch", c.cmdTouch+count(cmdTouch, outcomeOK)+count(cmdTouch, outcomeNotFound))
+	num("get_hits", c.getHits)
+	num("get_misses", c.getMisses)
+	num("delete_misses", count(cmdDelete, outcomeNotFound))
+	num("delete_hits", count(cmdDelete, outcomeOK))
+	num("incr_misses", count(cmdIncr, outcomeNotFound))
+	num("incr_hits", count(cmdIncr, outcomeOK))
+	num("decr_misses", count(cmdDecr, outcomeNotFound))
+	num("decr_hits", count(cmdDecr, outcomeOK))
+	num("cas_misses", count(cmdCas, outcomeNotFound))
+	num("cas_hits", count(cmdCas, outcomeStored))
+	num("cas_badval", count(cmdCas, outcomeExists))
+	num("touch_hits", c.touchHits+count(cmdTouch, outcomeOK))
+	num("touch_misses", c.touchMiss+count(cmdTouch, outcomeNotFound))
+	num("bytes_read", c.bytesRead)
+	num("bytes_written", c.bytesWritten)
 	num("threads", uint64(runtime.GOMAXPROCS(0)))
 	num("upstream_servers", uint64(len(p.servers)))
-	num("upstream_errors", s.upstreamErrors.Load())
-	num("upstream_gets", s.upstreamGets.Load())
-	num("upstream_get_keys", s.upstreamGetKeys.Load())
+	num("upstream_errors", c.upstreamErrors)
+	num("upstream_gets", c.upstreamGets)
+	num("upstream_get_keys", c.upGetKeys)
 	return append(b, replyEnd...)
 }
 

@@ -64,15 +64,15 @@ func (c *conn) store(id int, w [][]byte) error {
 	case cmdCas:
 		err = srv.client.CompareAndSwap(&c.item)
 	}
+	if err != nil && id == cmdSet && isConnError(err) {
+		// A set is safe to repeat: after a server restart the pooled
+		// connection was dead, and a new one will do.
+		srv.dropIdle(err)
+		err = srv.client.Set(&c.item)
+	}
 	c.item.Value = nil
 	if err != nil {
-		reply, oc := upstreamReply(err)
-		if oc == outcomeUpstreamError {
-			c.p.upstreamFailed(err)
-		}
-		st.record(id, oc)
-		c.reply(reply)
-		return nil
+		return c.upstreamError(id, srv, err)
 	}
 	st.record(id, outcomeStored)
 	c.reply(replyStored)

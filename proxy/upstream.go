@@ -59,6 +59,19 @@ func newServer(name string, cfg *Config, st *stats) (*server, error) {
 	return s, nil
 }
 
+// dropIdle closes the server's idle connections after one of them turned
+// out broken: when a server restarts, every pooled connection is dead, and
+// without this each would fail one request before it is noticed.
+func (s *server) dropIdle(err error) {
+	if !isConnError(err) {
+		return
+	}
+	s.raw.dropIdle()
+	if c, ok := s.client.(interface{ Close() error }); ok {
+		c.Close() // gomemcache: closes idle connections; the client stays usable
+	}
+}
+
 func (s *server) close() {
 	s.raw.close()
 	if c, ok := s.client.(interface{ Close() error }); ok {
