@@ -1,17 +1,145 @@
-// Package codec will wrap the values of postings-bearing keys in a verified,
-// compressed envelope bound to their client key. Until then every value
-// passes through byte for byte. The package is pure: no sockets, no
-// metrics, no flag parsing beyond registering its Config.
+// Package codec wraps the values of postings-bearing keys, rewritten keys and
+// flagged items in a compact envelope: compressed with snappy when that pays,
+// checksummed, and bound to the exact client key, so that a damaged or
+// colliding upstream item is refused instead of served. Every other value
+// passes through byte for byte. The package is pure: no sockets, no metrics,
+// no flag parsing beyond registering its Config.
+//
+// # Envelope format, version 1
+//
+// An enveloped item is marked upstream by one reserved bit of the memcached
+// flags (Config.FlagBit, default bit 30 = 0x40000000). The upstream flags are
+// the client's flags with that bit set; the client's own value of the bit is
+// kept in the header byte (R below). The client's 32-bit flags thus travel
+// with the item at no cost in bytes, and the checksum covers them.
+//
+// The stored data, byte by byte:
+//
+//	offset  size  field
+//	0       1     header byte: bits 7-6 version (01), bit 5 B (a key binding
+//	              is stored), bit 4 R (the client's flags had the reserved
+//	              bit set), bits 3-0 codec id
+//	1       4     CRC-32C (Castagnoli), little-endian, of the input below
+//	5       16    key binding, only when B = 1: the first 16 bytes of
+//	              blake2b-256 of the exact client key
+//	5 or 21 1-5   decoded length n, uvarint (at most 2^32-1)
+//	...           payload, by codec id:
+//	                0 none:   the value itself, exactly n bytes
+//	                1 snappy: the rest of a snappy block; the length field
+//	                          above is the block's own preamble, so length and
+//	                          payload together are one snappy block
+//	                2:        reserved for the postings codec (delta + varint,
+//	                          then snappy)
+//	                3-15:     reserved
+//
+// The CRC-32C input is the client's flags as 4 little-endian bytes, then the
+// client key when B = 0 (nothing is stored for it: the upstream key is then
+// the client key, so the key itself is the binding), then byte 0, then every
+// stored byte from offset 5 to the end. The checksum thus covers every stored
+// byte but its own four, in one contiguous run. Any change confined to 32
+// consecutive bits of that run (a single changed byte is one) is a burst
+// error that CRC-32C always detects, and a change in the checksum field
+// itself no longer matches the recomputed one: no single-byte change anywhere
+// in an envelope can decode. Nor can any change of the upstream flags word
+// that keeps the reserved bit, as it changes the client's flags derived from
+// it (an item that lost the reserved bit is, by definition, a plain value:
+// the codec never sees it). Checksumming the stored bytes rather than the
+// decoded value gives that guarantee for compressed payloads too (where one
+// changed byte can change many decoded ones), and refuses a damaged payload
+// before decompressing it. Decoding is deterministic, so the intact stored
+// bytes stand for the value.
+//
+// The header is 6 bytes for values under 128 bytes, 7 under 16 KiB and 8
+// under 2 MiB, one more per further 7 bits of length; a stored binding adds
+// 16. A value that does not compress costs only the header.
+//
+// The binding is stored when the upstream key is not the client key (the key
+// was rewritten). 16 bytes of blake2b-256 keep the header small and still
+// leave 128 bits against a second preimage (another client key taking over a
+// stored item) and 64 bits against an accidental collision among all keys
+// ever written, on top of the collision resistance of the rewritten upstream
+// key, which must collide first.
+//
+// Reading checks, in order: the reserved bit and the least size, the
+// version, that a binding is stored exactly when one is expected, the rest
+// of the header, the checksum, the binding, the codec id, the decoded length
+// against the payload, and the decode itself. The first failure is returned
+// as an *Error naming its Reason; the caller serves a miss. Values of 4 GiB
+// or more cannot be enveloped (memcached items stop at 1 GiB).
+//
+// # Compression
+//
+// Snappy is tried on a value of at least Config.MinSize bytes that does not
+// start with the magic of a compressed format (Mimir "dm" and "dvs", Thanos
+// "dss" plus snappy framing, the snappy framed stream, gzip, zstd, lz4
+// frame), and kept only when it saves Config.MinSavings of the value's size
+// and at least one byte. A value over 64 KiB is given up after its first
+// 64 KiB block if that block alone does not save enough, so an
+// incompressible megabyte costs one block of snappy, not a megabyte. A bare
+// snappy block has no magic: the savings check is what leaves one alone.
+//
+// Changing the reserved bit, like changing the format, needs the upstreams
+// flushed: items written under the old bit would pass through as plain
+// values.
 package codec
 
-import "github.com/spf13/pflag"
+import "bytes"
 
-// Config holds the value settings.
-type Config struct{}
+// Codec ids, stored in the low four bits of the header byte.
+const (
+	// CodecNone stores the value as it is.
+	CodecNone = 0
+	// CodecSnappy stores a snappy block (github.com/golang/snappy, block
+	// format, not the framed stream).
+	CodecSnappy = 1
+	// codecPostings (2) is reserved for the postings-aware codec.
+)
 
-// RegisterFlags adds the value settings to fs. There are none yet: values
-// pass through unchanged.
-func (c *Config) RegisterFlags(fs *pflag.FlagSet) {}
+// Codec envelopes values and verifies envelopes. It holds only settings, so
+// one Codec may be used by any number of goroutines.
+type Codec struct {
+	mask       uint32
+	prefixes   [][]byte
+	minSize    int
+	minSavings float64
+}
 
-// Validate reports the first setting that cannot work.
-func (c *Config) Validate() error { return nil }
+// New returns a Codec for cfg, or the first reason cfg cannot work.
+func New(cfg Config) (*Codec, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Codec{
+		mask:       1 << cfg.FlagBit,
+		minSize:    cfg.MinSize,
+		minSavings: cfg.MinSavings,
+	}
+	for _, p := range cfg.Prefixes {
+		c.prefixes = append(c.prefixes, []byte(p))
+	}
+	return c, nil
+}
+
+// FlagMask returns the reserved flags bit as a mask.
+func (c *Codec) FlagMask() uint32 { return c.mask }
+
+// ShouldEnvelope reports whether a value stored under the client key with
+// the client flags must be enveloped: the key starts with a postings-bearing
+// prefix, or the flags use the reserved bit (which only an envelope can give
+// back). A caller also envelopes every value whose key it rewrote.
+func (c *Codec) ShouldEnvelope(key []byte, flags uint32) bool {
+	if flags&c.mask != 0 {
+		return true
+	}
+	for _, p := range c.prefixes {
+		if bytes.HasPrefix(key, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// IsEnveloped reports whether an item read from upstream with these flags is
+// an envelope, to be opened with AppendDecode; any other item is the
+// client's value as it was stored.
+func (c *Codec) IsEnveloped(storedFlags uint32) bool { return storedFlags&c.mask != 0 }
