@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -100,140 +99,57 @@ func deadUpstream(tb testing.TB) string {
 // receives every line a client sent it.
 func stuckUpstream(tb testing.TB) (string, <-chan string) {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
 	lines := make(chan string, 1024)
-	var mu sync.Mutex
-	var conns []net.Conn
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	addr, _ := fakeUpstream(tb, func(c net.Conn) {
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			line, err := br.ReadString('\n')
 			if err != nil {
 				return
 			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				br := bufio.NewReader(c)
-				for {
-					line, err := br.ReadString('\n')
-					if err != nil {
-						return
-					}
-					select {
-					case lines <- line:
-					default:
-					}
-				}
-			}()
+			select {
+			case lines <- line:
+			default:
+			}
 		}
-	}()
-	tb.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
 	})
-	return ln.Addr().String(), lines
+	return addr, lines
 }
 
 // tricklingUpstream is a server that answers every request with a VALUE
 // line announcing a megabyte and then sends the data one byte every 50ms.
 // Each read of the reply arrives well within any read timeout, but the
-// reply as a whole takes hours. stop ends the
-// stream; register it with t.Cleanup after the proxy's own cleanup, so
-// that it runs first and lets the proxy's stuck requests finish.
+// reply as a whole takes hours. stop ends the stream; register it with
+// t.Cleanup after the proxy's own cleanup, so that it runs first and lets
+// the proxy's stuck requests finish.
 func tricklingUpstream(tb testing.TB) (addr string, stop func()) {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
 	quit := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	var once sync.Once
+	addr, stopServing := fakeUpstream(tb, func(c net.Conn) {
+		go io.Copy(io.Discard, c) // ends when c is closed
+		if _, err := io.WriteString(c, "VALUE k 0 1048576 1\r\n"); err != nil {
+			return
+		}
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
 		for {
-			c, err := ln.Accept()
-			if err != nil {
+			select {
+			case <-quit:
+				return
+			case <-tick.C:
+			}
+			if _, err := io.WriteString(c, "x"); err != nil {
 				return
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				go io.Copy(io.Discard, c) // ends when c is closed
-				if _, err := io.WriteString(c, "VALUE k 0 1048576 1\r\n"); err != nil {
-					return
-				}
-				tick := time.NewTicker(50 * time.Millisecond)
-				defer tick.Stop()
-				for {
-					select {
-					case <-quit:
-						return
-					case <-tick.C:
-					}
-					if _, err := io.WriteString(c, "x"); err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
-	var once sync.Once
+	})
 	stop = func() {
-		once.Do(func() {
-			close(quit)
-			ln.Close()
-			wg.Wait()
-		})
+		once.Do(func() { close(quit) })
+		stopServing()
 	}
 	tb.Cleanup(stop)
-	return ln.Addr().String(), stop
-}
-
-// startKillableMemcached is startMemcached that also returns a function
-// killing the server before the test ends.
-func startKillableMemcached(tb testing.TB) (addr string, kill func()) {
-	tb.Helper()
-	bin := memcachedBin(tb)
-	for attempt := 0; attempt < 5; attempt++ {
-		port := strconv.Itoa(freePort(tb))
-		addr := "127.0.0.1:" + port
-		cmd := exec.Command(bin, "-l", "127.0.0.1", "-p", port, "-U", "0", "-t", "2", "-m", "64", "-u", "nobody")
-		if err := cmd.Start(); err != nil {
-			tb.Fatalf("start memcached: %v", err)
-		}
-		exited := make(chan struct{})
-		go func() { cmd.Wait(); close(exited) }()
-		var once sync.Once
-		kill := func() {
-			once.Do(func() {
-				cmd.Process.Kill()
-				<-exited
-			})
-		}
-		if waitListening(addr, exited) {
-			tb.Cleanup(kill)
-			return addr, kill
-		}
-		kill()
-	}
-	tb.Fatal("could not start memcached")
-	return "", nil
+	return addr, stop
 }
 
 // TestUnavailableUpstream points the proxy at a port nothing listens on.

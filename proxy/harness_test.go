@@ -8,6 +8,7 @@ import (
 	"net"
 	"os/exec"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 )
@@ -27,32 +28,100 @@ func memcachedBin(tb testing.TB) string {
 // test's lifetime and returns its address.
 func startMemcached(tb testing.TB, extra ...string) string {
 	tb.Helper()
-	bin := memcachedBin(tb)
+	addr, _ := startKillableMemcached(tb, extra...)
+	return addr
+}
+
+// startKillableMemcached is startMemcached that also returns a function
+// that kills the server before the test ends.
+func startKillableMemcached(tb testing.TB, extra ...string) (addr string, kill func()) {
+	tb.Helper()
 	for attempt := 0; attempt < 5; attempt++ {
-		port := freePort(tb)
-		addr := "127.0.0.1:" + strconv.Itoa(port)
-		args := append([]string{"-l", "127.0.0.1", "-p", strconv.Itoa(port), "-U", "0", "-t", "2", "-m", "64", "-u", "nobody"}, extra...)
-		cmd := exec.Command(bin, args...)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		if err := cmd.Start(); err != nil {
-			tb.Fatalf("start memcached: %v", err)
+		addr = "127.0.0.1:" + strconv.Itoa(freePort(tb))
+		if kill, ok := runMemcached(tb, addr, extra...); ok {
+			return addr, kill
 		}
-		exited := make(chan struct{})
-		go func() { cmd.Wait(); close(exited) }()
-		if waitListening(addr, exited) {
-			tb.Cleanup(func() {
-				cmd.Process.Kill()
-				<-exited
-			})
-			return addr
-		}
-		cmd.Process.Kill()
-		<-exited
-		tb.Logf("memcached on %s did not start (%s); retrying", addr, stderr.String())
 	}
 	tb.Fatal("could not start memcached")
-	return ""
+	return "", nil
+}
+
+// runMemcached starts memcached on addr and waits until it listens. The
+// server is killed when the test ends, or earlier by kill.
+func runMemcached(tb testing.TB, addr string, extra ...string) (kill func(), ok bool) {
+	tb.Helper()
+	_, port := hostPort(addr)
+	args := append([]string{"-l", "127.0.0.1", "-p", port, "-U", "0", "-t", "2", "-m", "64", "-u", "nobody"}, extra...)
+	cmd := exec.Command(memcachedBin(tb), args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("start memcached: %v", err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	var once sync.Once
+	kill = func() {
+		once.Do(func() {
+			cmd.Process.Kill()
+			<-exited
+		})
+	}
+	if !waitListening(addr, exited) {
+		kill()
+		tb.Logf("memcached on %s did not start (%s)", addr, stderr.String())
+		return nil, false
+	}
+	tb.Cleanup(kill)
+	return kill, true
+}
+
+// fakeUpstream serves every connection to a loopback listener with serve,
+// for upstreams that misbehave in ways a real memcached will not. stop
+// closes the listener and every connection and waits for serve to return;
+// it also runs when the test ends.
+func fakeUpstream(tb testing.TB, serve func(net.Conn)) (addr string, stop func()) {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				serve(c)
+			}()
+		}
+	}()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			ln.Close()
+			mu.Lock()
+			for _, c := range conns {
+				c.Close()
+			}
+			mu.Unlock()
+			wg.Wait()
+		})
+	}
+	tb.Cleanup(stop)
+	return ln.Addr().String(), stop
 }
 
 func waitListening(addr string, exited <-chan struct{}) bool {
@@ -103,6 +172,16 @@ func testConfig(upstreams ...string) Config {
 // returns the proxy and its address.
 func startProxy(tb testing.TB, cfg Config) (*Proxy, string) {
 	tb.Helper()
+	p, addr, _ := serveProxy(tb, cfg)
+	return p, addr
+}
+
+// serveProxy builds a proxy with New and serves it on a free loopback port.
+// Unlike startProxy it leaves Shutdown to the test; its cleanup calls
+// Shutdown once more, which must be harmless, and checks that Serve
+// returned nil. The returned channel yields Serve's result.
+func serveProxy(tb testing.TB, cfg Config) (*Proxy, string, <-chan error) {
+	tb.Helper()
 	p, err := New(cfg, "mcsidecar-test", nil)
 	if err != nil {
 		tb.Fatal(err)
@@ -111,19 +190,29 @@ func startProxy(tb testing.TB, cfg Config) (*Proxy, string) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- p.Serve(ln) }()
+	served := make(chan error, 1)
+	go func() {
+		// Closed after the one result, so the test and the cleanup may
+		// both wait on it; the test sees the result, the cleanup nil.
+		served <- p.Serve(ln)
+		close(served)
+	}()
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if err := p.Shutdown(ctx); err != nil {
-			tb.Errorf("shutdown: %v", err)
+			tb.Errorf("cleanup shutdown: %v", err)
 		}
-		if err := <-done; err != nil {
-			tb.Errorf("serve: %v", err)
+		select {
+		case err := <-served:
+			if err != nil {
+				tb.Errorf("serve: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			tb.Errorf("Serve still running after Shutdown")
 		}
 	})
-	return p, ln.Addr().String()
+	return p, ln.Addr().String(), served
 }
 
 // exchange sends each chunk of req to addr (pausing between chunks so they

@@ -12,7 +12,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
-	"os/exec"
 	"runtime"
 	"strconv"
 	"strings"
@@ -42,8 +41,12 @@ var regressionDiffCases = []diffCase{
 	{name: "gat with more than 24 words", chunks: req("set k7 0 0 1\r\n7\r\ngat 0 " + manyKeys(40) + "\r\n")},
 	{name: "value of exactly 1 MiB is too large for memcached",
 		chunks: req("set big 0 0 1\r\nv\r\nset big 0 0 1048576\r\n" + strings.Repeat("y", 1<<20) + "\r\nget big\r\n")},
+	// memcached rewrites a counter in place, padded with spaces, only when
+	// no other connection still holds the item; a get just before, on
+	// another upstream connection, can make it store a fresh unpadded item.
+	// So the get comes last here.
 	{name: "decr shrinks the value and pads with spaces",
-		chunks: req("set n 0 0 3\r\n100\r\ndecr n 1\r\nget n\r\nincr n 18446744073709551615\r\nget n\r\n")},
+		chunks: req("set n 0 0 3\r\n100\r\ndecr n 1\r\nincr n 18446744073709551615\r\nget n\r\n")},
 	{name: "exptime truncated to 32 bits",
 		chunks: req("set a 0 9223372036854775807 1\r\nv\r\nget a\r\nset b 0 4294967296 1\r\nw\r\nget b\r\n")},
 	{name: "flush_all with a negative delay flushes now",
@@ -414,15 +417,7 @@ func TestHeavyClientDoesNotMakeOthersMiss(t *testing.T) {
 // restartMemcached starts a memcached on a given address (after a previous
 // one there was killed).
 func restartMemcached(tb testing.TB, addr string) {
-	_, port := hostPort(addr)
-	cmd := exec.Command(memcachedBin(tb), "-l", "127.0.0.1", "-p", port, "-U", "0", "-t", "2", "-m", "64", "-u", "nobody")
-	if err := cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	tb.Cleanup(func() { cmd.Process.Kill(); <-exited })
-	if !waitListening(addr, exited) {
+	if _, ok := runMemcached(tb, addr); !ok {
 		tb.Fatal("memcached did not restart")
 	}
 }

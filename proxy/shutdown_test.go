@@ -13,90 +13,18 @@ import (
 	"time"
 )
 
-// serveProxy builds a proxy with New and serves it on a free loopback port.
-// Unlike startProxy it leaves Shutdown to the test; its cleanup calls
-// Shutdown once more, which must be harmless, and checks that Serve
-// returned nil. The returned channel yields Serve's result.
-func serveProxy(tb testing.TB, cfg Config) (*Proxy, string, <-chan error) {
-	tb.Helper()
-	p, err := New(cfg, "mcsidecar-test", nil)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() {
-		// Closed after the one result, so the test and the cleanup may
-		// both wait on it; the test sees the result, the cleanup nil.
-		served <- p.Serve(ln)
-		close(served)
-	}()
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := p.Shutdown(ctx); err != nil {
-			tb.Errorf("cleanup shutdown: %v", err)
-		}
-		select {
-		case err := <-served:
-			if err != nil {
-				tb.Errorf("serve: %v", err)
-			}
-		case <-time.After(5 * time.Second):
-			tb.Errorf("Serve still running after Shutdown")
-		}
-	})
-	return p, ln.Addr().String(), served
-}
-
 // gatedUpstream is a fake memcached that holds every get until release is
 // called, then answers each key with the value "value-of-<key>". It
 // reports each get line it receives on the returned channel.
 func gatedUpstream(tb testing.TB) (addr string, received <-chan string, release func()) {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
 	lines := make(chan string, 64)
 	gate := make(chan struct{})
 	var once sync.Once
 	release = func() { once.Do(func() { close(gate) }) }
-	var mu sync.Mutex
-	var conns []net.Conn
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				serveGated(c, lines, gate)
-			}()
-		}
-	}()
-	tb.Cleanup(func() {
-		release()
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return ln.Addr().String(), lines, release
+	addr, _ = fakeUpstream(tb, func(c net.Conn) { serveGated(c, lines, gate) })
+	tb.Cleanup(release) // runs before fakeUpstream's stop, which waits for serveGated
+	return addr, lines, release
 }
 
 func serveGated(c net.Conn, lines chan<- string, gate <-chan struct{}) {
