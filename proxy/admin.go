@@ -27,6 +27,9 @@ func (c *conn) arithmetic(w [][]byte, incr bool) error {
 	}
 	k := string(key)
 	srv := c.p.servers[c.serverFor(k)]
+	if c.envelopes(key, 0) {
+		return c.arithmeticEnveloped(id, srv, k, key, incr, delta)
+	}
 	var n uint64
 	var err error
 	if incr {

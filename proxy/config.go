@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"mcsidecar/codec"
 )
 
 // Config is everything the proxy needs to listen and reach its upstreams.
@@ -22,7 +24,19 @@ type Config struct {
 	GetBatchKeys     int
 	RetrievalFailure string
 	MaxItemSize      ByteSize
-	MaxRequestLine   ByteSize
+	// MaxValueSize is the largest value a client may send, never less
+	// than MaxItemSize. Only an enveloped value can be larger than
+	// MaxItemSize and still be stored, when it compresses below it.
+	MaxValueSize   ByteSize
+	MaxRequestLine ByteSize
+
+	// Codec holds the value settings, registered by the codec package;
+	// nil serves every value as it is, with no envelope.
+	Codec *codec.Config
+	// EnvelopeAll envelopes every value, whatever its key and flags. It is
+	// for tests, which run the whole differential suite through the codec,
+	// and is not offered as a flag.
+	EnvelopeAll bool
 }
 
 // Replies to a retrieval whose upstream failed, for --upstream-retrieval-failure.
@@ -44,7 +58,12 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.GetBatchKeys, "upstream-get-batch-keys", 100, "most keys coalesced into one upstream multi-get")
 	fs.StringVar(&c.RetrievalFailure, "upstream-retrieval-failure", failureMiss, "reply to a retrieval whose upstream failed: miss or error (SERVER_ERROR)")
 	c.MaxItemSize = 1 << 20
-	fs.Var(&c.MaxItemSize, "max-item-size", "largest value accepted, as memcached's -I (bytes, or with k/m suffix)")
+	fs.Var(&c.MaxItemSize, "max-item-size", "largest item stored upstream, as memcached's -I: an enveloped value counts as stored, compressed and with its header (bytes, or with k/m suffix)")
+	// Twice the item limit: a value that compresses to half its size or
+	// better (postings lists do) still fits, and a connection never holds
+	// more than a few MiB for one command.
+	c.MaxValueSize = 2 << 20
+	fs.Var(&c.MaxValueSize, "max-value-size", "largest value a client may send, at least --max-item-size (bytes, or with k/m suffix); over --max-item-size it is stored only if its envelope fits, so only values of enveloped keys can use the difference")
 	c.MaxRequestLine = 1 << 20
 	fs.Var(&c.MaxRequestLine, "max-request-line", "longest retrieval command line (other lines follow memcached's 2048-byte framing)")
 }
@@ -80,11 +99,22 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--upstream-retrieval-failure must be %s or %s", failureMiss, failureError)
 	case c.MaxItemSize < 1 || c.MaxItemSize > 1<<30:
 		return errors.New("--max-item-size must be between 1 byte and 1 GiB")
+	case c.MaxValueSize < 0 || c.MaxValueSize > 1<<30:
+		return errors.New("--max-value-size must be between 0 and 1 GiB")
 	case c.MaxRequestLine < lineLimit:
 		return fmt.Errorf("--max-request-line must be at least %d", lineLimit)
+	case c.EnvelopeAll && c.Codec == nil:
+		return errors.New("enveloping every value needs codec settings")
+	}
+	if c.Codec != nil {
+		return c.Codec.Validate()
 	}
 	return nil
 }
+
+// maxValueSize is the largest value a client may send: raising
+// --max-item-size alone raises it too.
+func (c *Config) maxValueSize() int { return int(max(c.MaxValueSize, c.MaxItemSize)) }
 
 // splitUpstream turns an --upstream entry into a network and address.
 func splitUpstream(s string) (network, addr string, err error) {

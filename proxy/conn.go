@@ -42,6 +42,11 @@ type conn struct {
 	used    []bool
 	item    memcache.Item
 	scratch []byte
+
+	// Values of enveloped items: the envelope being written, the value
+	// decoded, a value being rebuilt (append, incr…), an item read for
+	// that, and a copy of a key that the read buffer may move.
+	enc, dec, tmp, raw, keyBuf []byte
 }
 
 // keyOwner locates one requested key's result: which server's call, and
@@ -118,6 +123,11 @@ func (c *conn) shrink() {
 			if cap(call.keys) > keep || cap(call.batchKeys) > keep {
 				c.calls[i] = newGetCall()
 			}
+		}
+	}
+	for _, b := range []*[]byte{&c.enc, &c.dec, &c.tmp, &c.raw} {
+		if cap(*b) > arenaKeep {
+			*b = nil
 		}
 	}
 	c.rd.shrink()

@@ -1,6 +1,10 @@
 package proxy
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"mcsidecar/codec"
+)
 
 // collector exports the proxy's counters to Prometheus. It reads the same
 // atomics the "stats" command reads, at scrape time, so the request path
@@ -18,6 +22,10 @@ type collector struct {
 	upServers   *prometheus.Desc
 	upGets      *prometheus.Desc
 	upGetKeys   *prometheus.Desc
+	refused     *prometheus.Desc
+	deleted     *prometheus.Desc
+	logical     *prometheus.Desc
+	stored      *prometheus.Desc
 }
 
 // Register adds the proxy's metrics to reg.
@@ -35,11 +43,15 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 		upServers:   prometheus.NewDesc(ns+"_upstream_servers", "Upstream memcached servers configured.", nil, nil),
 		upGets:      prometheus.NewDesc(ns+"_upstream_gets_total", "Get requests sent upstream; concurrent client gets are coalesced into one.", nil, nil),
 		upGetKeys:   prometheus.NewDesc(ns+"_upstream_get_keys_total", "Keys in the get requests sent upstream.", nil, nil),
+		refused:     prometheus.NewDesc(ns+"_codec_refused_total", "Enveloped items read from upstream and served as a miss, by reason.", []string{"reason"}, nil),
+		deleted:     prometheus.NewDesc(ns+"_codec_deleted_total", "Damaged enveloped items deleted upstream (--codec-delete-corrupt).", nil, nil),
+		logical:     prometheus.NewDesc(ns+"_codec_written_logical_bytes_total", "Bytes of enveloped values written, as the clients sent them.", nil, nil),
+		stored:      prometheus.NewDesc(ns+"_codec_written_stored_bytes_total", "Bytes of enveloped values written, as stored upstream (envelope included).", nil, nil),
 	})
 }
 
 func (m *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.requests, m.connections, m.accepted, m.bytesIn, m.bytesOut, m.keys, m.upErrors, m.upServers, m.upGets, m.upGetKeys} {
+	for _, d := range []*prometheus.Desc{m.requests, m.connections, m.accepted, m.bytesIn, m.bytesOut, m.keys, m.upErrors, m.upServers, m.upGets, m.upGetKeys, m.refused, m.deleted, m.logical, m.stored} {
 		ch <- d
 	}
 }
@@ -62,4 +74,10 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.upServers, prometheus.GaugeValue, float64(len(m.p.servers)))
 	ch <- prometheus.MustNewConstMetric(m.upGets, prometheus.CounterValue, float64(s.upstreamGets.Load()))
 	ch <- prometheus.MustNewConstMetric(m.upGetKeys, prometheus.CounterValue, float64(s.upstreamGetKeys.Load()))
+	for _, r := range codec.Reasons() {
+		ch <- prometheus.MustNewConstMetric(m.refused, prometheus.CounterValue, float64(s.codecRefused[r&15].Load()), r.String())
+	}
+	ch <- prometheus.MustNewConstMetric(m.deleted, prometheus.CounterValue, float64(s.codecDeleted.Load()))
+	ch <- prometheus.MustNewConstMetric(m.logical, prometheus.CounterValue, float64(s.codecLogical.Load()))
+	ch <- prometheus.MustNewConstMetric(m.stored, prometheus.CounterValue, float64(s.codecStored.Load()))
 }

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"mcsidecar/codec"
 )
 
 // errTooManyFiles is the accept error worth waiting out: the process ran
@@ -28,6 +30,7 @@ type Proxy struct {
 	servers []*server
 	sel     selector
 	stats   *stats
+	codec   *codec.Codec // nil: no value is enveloped
 
 	drain     atomic.Bool
 	mu        sync.Mutex
@@ -50,7 +53,16 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
+	var cd *codec.Codec
+	if cfg.Codec != nil {
+		own := *cfg.Codec // the caller's may change; the proxy's must not
+		cfg.Codec = &own
+		if cd, err = codec.New(own); err != nil {
+			return nil, err
+		}
+	}
 	p := &Proxy{
+		codec:   cd,
 		cfg:     cfg,
 		version: version,
 		log:     log,

@@ -30,11 +30,15 @@ var (
 	replyBadDelta       = []byte("CLIENT_ERROR invalid numeric delta argument\r\n")
 	replyBadDeleteUsage = []byte("CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n")
 	replyTooLarge       = []byte("SERVER_ERROR object too large for cache\r\n")
-	replyUpstreamDown   = []byte("SERVER_ERROR upstream unavailable\r\n")
-	replyUpstreamSlow   = []byte("SERVER_ERROR upstream timeout\r\n")
-	replyValue          = []byte("VALUE ")
-	replyStat           = []byte("STAT ")
-	crlf                = []byte("\r\n")
+	replyNonNumeric     = []byte("CLIENT_ERROR cannot increment or decrement non-numeric value\r\n")
+	// The proxy's own: a read-modify-write of an enveloped item lost the
+	// race against other writes rmwAttempts times in a row.
+	replyContended    = []byte("SERVER_ERROR too many concurrent updates\r\n")
+	replyUpstreamDown = []byte("SERVER_ERROR upstream unavailable\r\n")
+	replyUpstreamSlow = []byte("SERVER_ERROR upstream timeout\r\n")
+	replyValue        = []byte("VALUE ")
+	replyStat         = []byte("STAT ")
+	crlf              = []byte("\r\n")
 )
 
 // outcome is what became of one request, for counters and metrics.

@@ -173,8 +173,15 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 			call := c.calls[o.srv]
 			if call.err == nil && call.items[o.pos].hit {
 				it := &call.items[o.pos]
-				c.writeValue(c.keys[i], it.flags, it.cas, call.value(int(o.pos)), withCAS)
-				hit = true
+				value, flags, ok := call.value(int(o.pos)), it.flags, true
+				if c.p.codec != nil && c.p.codec.IsEnveloped(flags) {
+					c.keyBuf = append(c.keyBuf[:0], c.keys[i]...)
+					value, flags, ok = c.open(c.keyBuf, flags, value)
+				}
+				if ok {
+					c.writeValue(c.keys[i], flags, it.cas, value, withCAS)
+					hit = true
+				}
 			}
 		}
 		st.recordKey(touch, hit)

@@ -26,6 +26,13 @@ type stats struct {
 	upstreamGetKeys          atomic.Uint64 // keys in them
 	requests                 [numCommands][numOutcomes]atomic.Uint64
 
+	// Values, when the codec is on: envelopes refused on read by reason
+	// (indexed by codec.Reason), damaged items deleted upstream, and the
+	// bytes of enveloped writes as clients sent them and as stored.
+	codecRefused              [16]atomic.Uint64
+	codecDeleted              atomic.Uint64
+	codecLogical, codecStored atomic.Uint64
+
 	baseMu sync.Mutex
 	base   counters // at the last "stats reset"
 }

@@ -23,18 +23,27 @@ func (c *conn) store(id int, w [][]byte) error {
 		return nil
 	}
 	key, vlen := a.key, a.vlen
-	if vlen > int(c.p.cfg.MaxItemSize) {
-		st.record(id, outcomeClientError)
-		c.reply(replyTooLarge)
-		if id == cmdSet {
-			// memcached drops the old value rather than keep serving it
-			// after a set it could not store.
-			k := string(key)
-			c.p.servers[c.serverFor(k)].client.Delete(k)
-		}
-		return c.rd.discard(vlen + 2)
+	join := id == cmdAppend || id == cmdPrepend
+	var enveloped bool
+	if join {
+		// memcached ignores the flags of append and prepend.
+		enveloped = c.envelopes(key, 0)
+	} else {
+		enveloped = c.envelopes(key, a.flags)
+	}
+	// A value to envelope may be over the item-size limit and still fit
+	// once compressed; any other is stored as it is.
+	limit := int(c.p.cfg.MaxItemSize)
+	if enveloped {
+		limit = c.p.cfg.maxValueSize()
+	}
+	if vlen > limit {
+		return c.tooLarge(id, key, vlen+2)
 	}
 	k := string(key) // key points into the read buffer, which data may move
+	if enveloped {
+		c.keyBuf = append(c.keyBuf[:0], key...)
+	}
 	data, err := c.rd.data(vlen + 2)
 	if err != nil {
 		return err
@@ -44,9 +53,19 @@ func (c *conn) store(id int, w [][]byte) error {
 		c.reply(replyBadChunk)
 		return nil
 	}
+	value, flags := data[:vlen], a.flags
+	if enveloped && join {
+		return c.joinEnveloped(id, c.p.servers[c.serverFor(k)], k, c.keyBuf, value)
+	}
+	if enveloped {
+		value, flags = c.encode(c.keyBuf, a.flags, value)
+		if len(value) > int(c.p.cfg.MaxItemSize) {
+			return c.tooLarge(id, c.keyBuf, 0)
+		}
+	}
 	c.item.Key = k
-	c.item.Value = data[:vlen]
-	c.item.Flags = a.flags
+	c.item.Value = value
+	c.item.Flags = flags
 	c.item.Expiration = a.exptime
 	c.item.CasID = a.cas
 	srv := c.p.servers[c.serverFor(k)]
@@ -74,9 +93,29 @@ func (c *conn) store(id int, w [][]byte) error {
 	if err != nil {
 		return c.upstreamError(id, srv, err)
 	}
+	if enveloped {
+		c.countStored(vlen, len(value))
+	}
 	st.record(id, outcomeStored)
 	c.reply(replyStored)
 	return nil
+}
+
+// tooLarge refuses a value over the size limits and consumes the n bytes
+// of its data block still unread.
+func (c *conn) tooLarge(id int, key []byte, n int) error {
+	c.p.stats.record(id, outcomeClientError)
+	c.reply(replyTooLarge)
+	if id == cmdSet {
+		// memcached drops the old value rather than keep serving it
+		// after a set it could not store.
+		k := string(key)
+		c.p.servers[c.serverFor(k)].client.Delete(k)
+	}
+	if n == 0 {
+		return nil
+	}
+	return c.rd.discard(n)
 }
 
 var noreplyWord = []byte("noreply")

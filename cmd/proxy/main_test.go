@@ -58,6 +58,10 @@ func TestBadFlagValueFailsBeforeListening(t *testing.T) {
 		{"--upstream=no-port"},
 		{"--upstream-timeout=0s"},
 		{"--max-item-size=lots"},
+		{"--max-value-size=2048m"},
+		{"--codec-flag-bit=32"},
+		{"--codec-min-savings=1.5"},
+		{"--codec-prefixes=P2:,,E2:"},
 		{"--log-format=xml"},
 		{"--no-such-flag"},
 	} {

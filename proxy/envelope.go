@@ -1,0 +1,205 @@
+package proxy
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"mcsidecar/codec"
+)
+
+// rmwAttempts bounds the read-modify-write of append, prepend, incr and
+// decr on an enveloped item: each attempt that loses a race against another
+// write to the key (its cas is refused) starts over.
+const rmwAttempts = 10
+
+// backoff waits before a read-modify-write attempt that follows a lost
+// race, a random while that grows with the attempts, so that writers that
+// collided do not collide again in step.
+func backoff(attempt int) {
+	if attempt > 0 {
+		time.Sleep(rand.N(time.Duration(attempt) * 100 * time.Microsecond))
+	}
+}
+
+// envelopes reports whether a value stored under key with the client's
+// flags is wrapped in an envelope.
+func (c *conn) envelopes(key []byte, flags uint32) bool {
+	cd := c.p.codec
+	return cd != nil && (c.p.cfg.EnvelopeAll || cd.ShouldEnvelope(key, flags))
+}
+
+// encode wraps value in an envelope in the connection's buffer, and
+// returns it with the flags to store upstream. The result is valid until
+// the next encode.
+func (c *conn) encode(key []byte, flags uint32, value []byte) ([]byte, uint32) {
+	var storedFlags uint32
+	c.enc, storedFlags = c.p.codec.AppendEncode(c.enc[:0], key, false, flags, value)
+	return c.enc, storedFlags
+}
+
+// countStored adds an enveloped write to the byte counters.
+func (c *conn) countStored(logical, stored int) {
+	c.p.stats.codecLogical.Add(uint64(logical))
+	c.p.stats.codecStored.Add(uint64(stored))
+}
+
+// open verifies an enveloped item read under the client key and returns
+// the client's value and flags. The value sits in the connection's buffer
+// until the next open. A refused envelope is counted by its reason, deleted
+// upstream when it is damaged and --codec-delete-corrupt asks for it, and
+// reported as not ok: the client sees a miss.
+func (c *conn) open(key []byte, storedFlags uint32, stored []byte) ([]byte, uint32, bool) {
+	v, flags, err := c.p.codec.AppendDecode(c.dec[:0], key, false, storedFlags, stored)
+	if err != nil {
+		r := codec.ReasonOf(err)
+		c.p.stats.codecRefused[r&15].Add(1)
+		if r.Damaged() && c.p.cfg.Codec.DeleteCorrupt {
+			k := string(key)
+			if c.p.servers[c.serverFor(k)].client.Delete(k) == nil {
+				c.p.stats.codecDeleted.Add(1)
+			}
+		}
+		return nil, 0, false
+	}
+	c.dec = v
+	return v, flags, true
+}
+
+// readForUpdate reads key's item for a read-modify-write: the client's
+// value and flags, and the item's CAS and time to live to write it back
+// with. A missing item and a refused envelope are both not found.
+func (c *conn) readForUpdate(srv *server, k string, key []byte) (value []byte, it metaItem, found bool, err error) {
+	c.raw, it, found, err = srv.raw.getForUpdate(k, c.raw)
+	if err != nil || !found {
+		return nil, it, false, err
+	}
+	if !c.p.codec.IsEnveloped(it.flags) {
+		// A plain item under a key whose values are now enveloped, such
+		// as one written before the codec was on.
+		return c.raw, it, true, nil
+	}
+	value, it.flags, found = c.open(key, it.flags, c.raw)
+	return value, it, found, nil
+}
+
+// writeBack stores value, enveloped, under key if the item is still as it
+// was read. conflict reports that another write came first.
+func (c *conn) writeBack(srv *server, k string, key []byte, it metaItem, value []byte) (conflict, notStored bool, err error) {
+	stored, storedFlags := c.encode(key, it.flags, value)
+	if len(stored) > int(c.p.cfg.MaxItemSize) {
+		return false, true, nil
+	}
+	it.flags = storedFlags
+	conflict, notStored, err = srv.raw.storeIfUnchanged(k, it, stored)
+	if err == nil && !conflict && !notStored {
+		c.countStored(len(value), len(stored))
+	}
+	return conflict, notStored, err
+}
+
+// joinEnveloped answers append and prepend on a key whose values are
+// enveloped. memcached cannot join bytes to an envelope, so the proxy reads
+// the item, joins the client's data to the decoded value and writes it
+// back with cas. As in memcached, the item keeps its flags, a missing item
+// is NOT_STORED, and so is a joined value over the item-size limit (memcached
+// cannot allocate it).
+func (c *conn) joinEnveloped(id int, srv *server, k string, key, data []byte) error {
+	for attempt := range rmwAttempts {
+		backoff(attempt)
+		old, it, found, err := c.readForUpdate(srv, k, key)
+		if err != nil {
+			return c.upstreamError(id, srv, err)
+		}
+		if !found {
+			c.p.stats.record(id, outcomeNotStored)
+			c.reply(replyNotStored)
+			return nil
+		}
+		if id == cmdAppend {
+			c.tmp = append(append(c.tmp[:0], old...), data...)
+		} else {
+			c.tmp = append(append(c.tmp[:0], data...), old...)
+		}
+		conflict, notStored, err := c.writeBack(srv, k, key, it, c.tmp)
+		if err != nil {
+			return c.upstreamError(id, srv, err)
+		}
+		if conflict {
+			continue
+		}
+		if notStored {
+			// memcached cannot allocate a joined item over its limit.
+			c.p.stats.record(id, outcomeNotStored)
+			c.reply(replyNotStored)
+			return nil
+		}
+		c.p.stats.record(id, outcomeStored)
+		c.reply(replyStored)
+		return nil
+	}
+	c.p.stats.record(id, outcomeUpstreamError)
+	c.reply(replyContended)
+	return nil
+}
+
+// arithmeticEnveloped answers incr and decr on a key whose values are
+// enveloped, by a read-modify-write as joinEnveloped does, with memcached's
+// arithmetic: incr wraps at 2^64, decr stops at 0, and a shorter result is
+// padded with spaces to the old length, as memcached rewrites the number in
+// place.
+func (c *conn) arithmeticEnveloped(id int, srv *server, k string, key []byte, incr bool, delta uint64) error {
+	for attempt := range rmwAttempts {
+		backoff(attempt)
+		old, it, found, err := c.readForUpdate(srv, k, key)
+		if err != nil {
+			return c.upstreamError(id, srv, err)
+		}
+		if !found {
+			c.p.stats.record(id, outcomeNotFound)
+			c.reply(replyNotFound)
+			return nil
+		}
+		n, ok := parseCounter(old)
+		if !ok {
+			return c.clientError(id, replyNonNumeric)
+		}
+		switch {
+		case incr:
+			n += delta
+		case delta > n:
+			n = 0
+		default:
+			n -= delta
+		}
+		c.tmp = strconv.AppendUint(c.tmp[:0], n, 10)
+		for len(c.tmp) < len(old) {
+			c.tmp = append(c.tmp, ' ')
+		}
+		conflict, notStored, err := c.writeBack(srv, k, key, it, c.tmp)
+		if err != nil {
+			return c.upstreamError(id, srv, err)
+		}
+		if conflict || notStored {
+			// A number always fits; refused, it was changed meanwhile.
+			continue
+		}
+		c.p.stats.record(id, outcomeOK)
+		c.replyNumber(n)
+		return nil
+	}
+	c.p.stats.record(id, outcomeUpstreamError)
+	c.reply(replyContended)
+	return nil
+}
+
+// parseCounter reads a value as memcached's incr and decr do: safe_strtoull
+// over the item's data, a C string that ends at the first NUL (or, past
+// the value, at the "\r\n" that follows it, which counts as white space).
+func parseCounter(v []byte) (uint64, bool) {
+	if i := bytes.IndexByte(v, 0); i >= 0 {
+		v = v[:i]
+	}
+	return parseUint64(v)
+}
