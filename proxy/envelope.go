@@ -100,70 +100,40 @@ func (c *conn) writeBack(srv *server, k string, key []byte, it metaItem, value [
 }
 
 // joinEnveloped answers append and prepend on a key whose values are
-// enveloped. memcached cannot join bytes to an envelope, so the proxy reads
-// the item, joins the client's data to the decoded value and writes it
-// back with cas. As in memcached, the item keeps its flags, a missing item
-// is NOT_STORED, and so is a joined value over the item-size limit (memcached
-// cannot allocate it).
+// enveloped: memcached cannot join bytes to an envelope, so the client's
+// data is joined to the decoded value. As in memcached, the item keeps its
+// flags, a missing item is NOT_STORED, and so is a joined value over the
+// item-size limit (memcached cannot allocate it).
 func (c *conn) joinEnveloped(id int, srv *server, k string, key, data []byte) error {
-	for attempt := range rmwAttempts {
-		backoff(attempt)
-		old, it, found, err := c.readForUpdate(srv, k, key)
-		if err != nil {
-			return c.upstreamError(id, srv, err)
-		}
-		if !found {
-			c.p.stats.record(id, outcomeNotStored)
-			c.reply(replyNotStored)
-			return nil
-		}
+	return c.readModifyWrite(id, srv, k, key, replyNotStored, outcomeNotStored, func(old []byte) (bool, error) {
 		if id == cmdAppend {
 			c.tmp = append(append(c.tmp[:0], old...), data...)
 		} else {
 			c.tmp = append(append(c.tmp[:0], data...), old...)
 		}
-		conflict, notStored, err := c.writeBack(srv, k, key, it, c.tmp)
-		if err != nil {
-			return c.upstreamError(id, srv, err)
-		}
-		if conflict {
-			continue
-		}
+		return true, nil
+	}, func(notStored bool) bool {
 		if notStored {
-			// memcached cannot allocate a joined item over its limit.
 			c.p.stats.record(id, outcomeNotStored)
 			c.reply(replyNotStored)
-			return nil
+			return true
 		}
 		c.p.stats.record(id, outcomeStored)
 		c.reply(replyStored)
-		return nil
-	}
-	c.p.stats.record(id, outcomeUpstreamError)
-	c.reply(replyContended)
-	return nil
+		return true
+	})
 }
 
 // arithmeticEnveloped answers incr and decr on a key whose values are
-// enveloped, by a read-modify-write as joinEnveloped does, with memcached's
-// arithmetic: incr wraps at 2^64, decr stops at 0, and a shorter result is
-// padded with spaces to the old length, as memcached rewrites the number in
-// place.
+// enveloped, with memcached's arithmetic: incr wraps at 2^64, decr stops at
+// 0, and a shorter result is padded with spaces to the old length, as
+// memcached rewrites the number in place.
 func (c *conn) arithmeticEnveloped(id int, srv *server, k string, key []byte, incr bool, delta uint64) error {
-	for attempt := range rmwAttempts {
-		backoff(attempt)
-		old, it, found, err := c.readForUpdate(srv, k, key)
-		if err != nil {
-			return c.upstreamError(id, srv, err)
-		}
-		if !found {
-			c.p.stats.record(id, outcomeNotFound)
-			c.reply(replyNotFound)
-			return nil
-		}
-		n, ok := parseCounter(old)
-		if !ok {
-			return c.clientError(id, replyNonNumeric)
+	var n uint64
+	return c.readModifyWrite(id, srv, k, key, replyNotFound, outcomeNotFound, func(old []byte) (bool, error) {
+		var ok bool
+		if n, ok = parseCounter(old); !ok {
+			return false, c.clientError(id, replyNonNumeric)
 		}
 		switch {
 		case incr:
@@ -177,17 +147,47 @@ func (c *conn) arithmeticEnveloped(id int, srv *server, k string, key []byte, in
 		for len(c.tmp) < len(old) {
 			c.tmp = append(c.tmp, ' ')
 		}
+		return true, nil
+	}, func(notStored bool) bool {
+		if notStored {
+			// A number always fits; refused, it was changed meanwhile.
+			return false
+		}
+		c.p.stats.record(id, outcomeOK)
+		c.replyNumber(n)
+		return true
+	})
+}
+
+// readModifyWrite reads an enveloped item, lets change put the new value
+// in c.tmp, and writes it back only if the item is unchanged, retrying a
+// lost race up to rmwAttempts times. A missing item is answered missing
+// with its outcome. change returns false when it has answered itself;
+// stored answers a write back (notStored: memcached refused it) and
+// returns false to try again.
+func (c *conn) readModifyWrite(id int, srv *server, k string, key []byte, missing []byte, missingOutcome outcome,
+	change func(old []byte) (bool, error), stored func(notStored bool) bool) error {
+	for attempt := range rmwAttempts {
+		backoff(attempt)
+		old, it, found, err := c.readForUpdate(srv, k, key)
+		if err != nil {
+			return c.upstreamError(id, srv, err)
+		}
+		if !found {
+			c.p.stats.record(id, missingOutcome)
+			c.reply(missing)
+			return nil
+		}
+		if goOn, err := change(old); !goOn {
+			return err
+		}
 		conflict, notStored, err := c.writeBack(srv, k, key, it, c.tmp)
 		if err != nil {
 			return c.upstreamError(id, srv, err)
 		}
-		if conflict || notStored {
-			// A number always fits; refused, it was changed meanwhile.
-			continue
+		if !conflict && stored(notStored) {
+			return nil
 		}
-		c.p.stats.record(id, outcomeOK)
-		c.replyNumber(n)
-		return nil
 	}
 	c.p.stats.record(id, outcomeUpstreamError)
 	c.reply(replyContended)
