@@ -1,15 +1,12 @@
 package proxy
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -62,76 +59,18 @@ var codecDiffCases = []diffCase{
 // TestDifferentialEnvelopeAll runs every differential case through a proxy
 // that envelopes every value: replies must still be memcached's.
 func TestDifferentialEnvelopeAll(t *testing.T) {
-	for _, tc := range slices.Concat(diffCases, regressionDiffCases, codecDiffCases) {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			direct := startMemcached(t)
-			_, via := startProxy(t, envelopeAllConfig(startMemcached(t)))
-			want := exchange(t, direct, tc.chunks...)
-			got := exchange(t, via, tc.chunks...)
-			if w, ok := envelopeAllWant[tc.name]; ok {
-				if got == want {
-					t.Errorf("case is marked as a difference but memcached replied the same")
-				}
-				want = w
-			} else if tc.proxyWant != "" {
-				want = tc.proxyWant
-			}
-			if got != want {
-				t.Errorf("proxy replied\n%q\nwant\n%q", short(got), short(want))
-			}
-		})
-	}
+	runDifferential(t, slices.Concat(diffCases, regressionDiffCases, codecDiffCases), 1, envelopeAllConfig, envelopeAllWant)
 }
 
 // TestMemccapableEnvelopeAll runs libmemcached's compliance checker against
 // a proxy that envelopes every value, with one upstream server and with
 // three.
-func TestMemccapableEnvelopeAll(t *testing.T) {
-	bin := requireMemccapable(t)
-	for _, servers := range []int{1, 3} {
-		t.Run(itoa(servers)+" servers", func(t *testing.T) {
-			var ups []string
-			for range servers {
-				ups = append(ups, startMemcached(t))
-			}
-			_, addr := startProxy(t, envelopeAllConfig(ups...))
-			host, port := hostPort(addr)
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			out, err := exec.CommandContext(ctx, bin, "-a", "-h", host, "-p", port).CombinedOutput()
-			passed := len(capablePass.FindAll(out, -1))
-			t.Logf("memccapable -a with every value enveloped: %d/27 passed", passed)
-			if err != nil || passed != 27 {
-				t.Fatalf("memccapable: %v, %d/27 passed\n%s", err, passed, out)
-			}
-		})
-	}
-}
+func TestMemccapableEnvelopeAll(t *testing.T) { runMemccapable(t, envelopeAllConfig) }
 
 // TestDifferentialEnvelopeAllThreeServers runs the cases through a proxy
 // that envelopes every value and spreads keys over three servers.
 func TestDifferentialEnvelopeAllThreeServers(t *testing.T) {
-	for _, tc := range slices.Concat(diffCases, regressionDiffCases, codecDiffCases) {
-		if tc.exactCAS {
-			continue
-		}
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			direct := startMemcached(t)
-			_, via := startProxy(t, envelopeAllConfig(startMemcached(t), startMemcached(t), startMemcached(t)))
-			want := casValue.ReplaceAllString(exchange(t, direct, tc.chunks...), "$1 CAS\r")
-			got := casValue.ReplaceAllString(exchange(t, via, tc.chunks...), "$1 CAS\r")
-			if w, ok := envelopeAllWant[tc.name]; ok {
-				want = w
-			} else if tc.proxyWant != "" {
-				want = tc.proxyWant
-			}
-			if got != want {
-				t.Errorf("proxy replied\n%q\nwant\n%q", short(got), short(want))
-			}
-		})
-	}
+	runDifferential(t, slices.Concat(diffCases, regressionDiffCases, codecDiffCases), 3, envelopeAllConfig, envelopeAllWant)
 }
 
 // rawItem reads key straight from memcached: its stored flags and bytes.
