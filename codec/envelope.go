@@ -170,9 +170,12 @@ func (c *Codec) AppendDecode(dst, key []byte, bindKey bool, storedFlags uint32, 
 // snappyBlock is the size of the independent blocks snappy compresses. A
 // value longer than one is compressed a block at a time, so that an
 // incompressible one is given up after its first block rather than at the
-// end; snappyHeadroom is the extra room that needs.
+// end; snappyHeadroom is the extra room that needs. A value longer than
+// probeAfter is first judged by compressing its first probeLen bytes.
 const (
 	snappyBlock    = 64 << 10
+	probeAfter     = 8 << 10
+	probeLen       = 4 << 10
 	snappyHeadroom = 64
 )
 
@@ -200,6 +203,15 @@ func maxSnappyLen(n int) int {
 // back only within their own 64 KiB block, so blocks encoded apart
 // concatenate.
 func (c *Codec) encodeSnappy(body, value []byte) int {
+	// A value past probeAfter is judged by its first probeLen bytes first:
+	// compressing an incompressible value whole (raw postings, already
+	// compressed payloads) would cost as much as compressing it, for
+	// nothing. The probe's output is overwritten below.
+	if len(value) > probeAfter {
+		if len(snappy.Encode(body, value[:probeLen])) > probeLen-c.requiredSavings(probeLen) {
+			return 0
+		}
+	}
 	if len(value) <= snappyBlock {
 		return len(snappy.Encode(body, value))
 	}
