@@ -51,14 +51,15 @@ func (k *Keyspace) Check(key []byte) (ok bool, reason Reason) {
 
 // NeedsRewrite reports whether key, already accepted by Check, cannot be
 // sent upstream as it is: it is longer than --key-max-length, holds a
-// control byte (below 0x20) or DEL (0x7f), which gomemcache refuses, or
-// starts with '~', which only rewritten keys may. (A space would count too,
-// but Check refuses it first.) It allocates nothing.
+// control byte (below 0x20) or DEL (0x7f), which gomemcache refuses. (A
+// space would count too, but Check refuses it first.) Every other accepted
+// key, '~' included wherever it stands, goes upstream unchanged. It
+// allocates nothing.
 func (k *Keyspace) NeedsRewrite(key []byte) bool {
 	if len(key) == 0 {
 		return false
 	}
-	return len(key) > k.maxLen || key[0] == marker || hasIllegal(key)
+	return len(key) > k.maxLen || hasIllegal(key)
 }
 
 // The scans below look at eight bytes at a time: keys are checked on every

@@ -62,7 +62,7 @@ func TestNeedsRewriteOnlyForKeysTheUpstreamCannotCarry(t *testing.T) {
 		{"escape", "a\x1bb", true},
 		{"DEL", "a\x7fb", true},
 		{"control byte after the first word", strings.Repeat("k", 17) + "\x01", true},
-		{"starts with the marker", "~a", true},
+		{"starts with the marker", "~a", false},
 		{"empty key", "", false},
 	}
 	for _, tc := range cases {

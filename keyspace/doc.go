@@ -14,18 +14,21 @@
 //
 //   - it is longer than --key-max-length (default 250),
 //   - it holds a control byte (below 0x20) or DEL (0x7f), which gomemcache
-//     refuses, or
-//   - it starts with '~', which only rewritten keys may.
+//     refuses.
 //
-// The upstream accepts exactly the keys that pass unchanged, so no byte and
-// no length can tell a rewritten key from a client's own; the only way to
-// keep the two apart is to reserve some keys. Reserving a first byte costs
-// least: every rewritten key starts with '~', a client key that starts with
-// '~' is rewritten too, and so a rewritten key never equals a key stored as
-// the client sent it. '~' begins none of the formats store-gateways write,
-// is not in the Mimir/Cortex tenant alphabet (a-zA-Z0-9!-_.*'()), in
-// base64url, in ULIDs or in decimal numbers, and is printable, so upstream
-// keys stay readable in logs and in memcached's own dumps.
+// Every other accepted key, one starting with '~' included, goes upstream
+// exactly as the client sent it, so existing cache contents stay valid when
+// the sidecar is put in. The upstream accepts exactly the keys that pass
+// unchanged, so a rewritten key may in principle equal some client's own
+// key (for instance a client key that starts with '~'). Keeping the two
+// apart is the job of the value envelope, not of the key: every value
+// stored under a rewritten key is enveloped with the client key bound into
+// it, and on a read under a rewritten key an item that is not such an
+// envelope, or whose binding names another key, is a miss. '~' begins none
+// of the formats store-gateways write, is not in the Mimir/Cortex tenant
+// alphabet (a-zA-Z0-9!-_.*'()), in base64url, in ULIDs or in decimal
+// numbers, and is printable, so rewritten keys rarely meet client keys and
+// stay readable in logs and in memcached's own dumps.
 //
 // # Rewrite
 //
@@ -56,14 +59,13 @@
 //  4. Step 3, whole key: "~~" followed by hash(K, 43).
 //
 // The result is at most M bytes (M ≥ 64 > 45, the length of step 3) of
-// bytes gomemcache accepts; it starts with '~', so it is never a key that
-// passes unchanged; it depends only on K, the scheme flags and M, so every
-// proxy instance sharing the memcached servers must be given the same key
-// flags. Because kept segments hold no '~' and tokens have a fixed length,
+// bytes gomemcache accepts; it starts with '~'; it depends only on K, the
+// scheme flags and M, so every proxy instance sharing the memcached
+// servers must be given the same key flags. Because kept segments hold no '~' and tokens have a fixed length,
 // the tokens of an upstream key can be read off it, and two keys matched by
 // one pattern share an upstream key only if they share a 96-bit token by
-// chance. Even then, and between unrelated patterns, no client is served
-// another key's value: every value stored under a rewritten key carries the
+// chance. Even then, between unrelated patterns, and against a client key
+// equal to a rewritten one, no client is served another key's value: every value stored under a rewritten key carries the
 // client key it was written for, and a mismatch is a miss.
 //
 // The golden vectors in testdata/golden.txt pin this mapping for every

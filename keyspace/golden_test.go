@@ -50,7 +50,7 @@ func goldenInputs() []struct{ name, key string } {
 		{"results across tenants, 4 KiB", crossTenantKey(4096)},
 		{"results across tenants without version prefix", strings.Join([]string{tenantID("a", 90), tenantID("b", 90), tenantID("c", 90)}, "|") + ":sum(rate(x[5m])):60000:1700000000000"},
 		{"memcaslap key with control bytes", "\x01\x02memcaslap\x03key\x7f"},
-		{"client key that starts with the marker", "~mine"},
+		{"client key that starts with the marker passes", "~mine"},
 		{"300-byte key no scheme reads", "app/" + strings.Repeat("session-0123456789/", 15) + "end"},
 		{"short key passes", "foo"},
 	}

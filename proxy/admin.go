@@ -13,22 +13,23 @@ func (c *conn) arithmetic(w [][]byte, incr bool) error {
 	}
 	c.noreply = bytes.Equal(w[len(w)-1], noreplyWord)
 	key := w[1]
-	if len(key) > keyMaxLength {
+	if !c.validKey(key) {
 		return c.clientError(id, replyBadFormat)
 	}
 	delta, ok := parseUint64(w[2])
 	if !ok {
 		return c.clientError(id, replyBadDelta)
 	}
-	if !forwardable(key) {
+	up, bound, ok := c.upstreamKey(key)
+	if !ok {
 		c.p.stats.record(id, outcomeNotFound)
 		c.reply(replyNotFound)
 		return nil
 	}
-	k := string(key)
+	k := string(up)
 	srv := c.p.servers[c.serverFor(k)]
-	if c.envelopes(key, 0) {
-		return c.arithmeticEnveloped(id, srv, k, key, incr, delta)
+	if bound || c.envelopes(key, 0) {
+		return c.arithmeticEnveloped(id, srv, k, key, bound, incr, delta)
 	}
 	var n uint64
 	var err error
@@ -49,19 +50,20 @@ func (c *conn) arithmetic(w [][]byte, incr bool) error {
 func (c *conn) touch(w [][]byte) error {
 	c.noreply = bytes.Equal(w[len(w)-1], noreplyWord)
 	key := w[1]
-	if len(key) > keyMaxLength {
+	if !c.validKey(key) {
 		return c.clientError(cmdTouch, replyBadFormat)
 	}
 	exptime, ok := parseInt32(w[2])
 	if !ok {
 		return c.clientError(cmdTouch, replyBadExptime)
 	}
-	if !forwardable(key) {
+	up, _, ok := c.upstreamKey(key)
+	if !ok {
 		c.p.stats.record(cmdTouch, outcomeNotFound)
 		c.reply(replyNotFound)
 		return nil
 	}
-	k := string(key)
+	k := string(up)
 	srv := c.p.servers[c.serverFor(k)]
 	if err := srv.client.Touch(k, exptime); err != nil {
 		return c.upstreamError(cmdTouch, srv, err)
@@ -83,15 +85,16 @@ func (c *conn) delete(w [][]byte) error {
 		}
 	}
 	key := w[1]
-	if len(key) > keyMaxLength {
+	if !c.validKey(key) {
 		return c.clientError(cmdDelete, replyBadFormat)
 	}
-	if !forwardable(key) {
+	up, _, ok := c.upstreamKey(key)
+	if !ok {
 		c.p.stats.record(cmdDelete, outcomeNotFound)
 		c.reply(replyNotFound)
 		return nil
 	}
-	k := string(key)
+	k := string(up)
 	srv := c.p.servers[c.serverFor(k)]
 	if err := srv.client.Delete(k); err != nil {
 		return c.upstreamError(cmdDelete, srv, err)

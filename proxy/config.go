@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"mcsidecar/codec"
+	"mcsidecar/keyspace"
 )
 
 // Config is everything the proxy needs to listen and reach its upstreams.
@@ -37,6 +38,14 @@ type Config struct {
 	// for tests, which run the whole differential suite through the codec,
 	// and is not offered as a flag.
 	EnvelopeAll bool
+
+	// Keys holds the key settings, registered by the keyspace package; nil
+	// forwards keys as memcached's own limits allow (up to 250 bytes,
+	// and keys gomemcache cannot send are misses or refused). With it,
+	// keys up to its client maximum are accepted and those the upstream
+	// cannot carry are rewritten, their values enveloped and bound to the
+	// client key, which needs Codec.
+	Keys *keyspace.Config
 }
 
 // Replies to a retrieval whose upstream failed, for --upstream-retrieval-failure.
@@ -105,9 +114,16 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--max-request-line must be at least %d", lineLimit)
 	case c.EnvelopeAll && c.Codec == nil:
 		return errors.New("enveloping every value needs codec settings")
+	case c.Keys != nil && c.Codec == nil:
+		return errors.New("key rewriting needs codec settings: values under rewritten keys are enveloped")
 	}
 	if c.Codec != nil {
-		return c.Codec.Validate()
+		if err := c.Codec.Validate(); err != nil {
+			return err
+		}
+	}
+	if c.Keys != nil {
+		return c.Keys.Validate()
 	}
 	return nil
 }

@@ -47,11 +47,17 @@ type conn struct {
 	// decoded, a value being rebuilt (append, incr…), an item read for
 	// that, and a copy of a key that the read buffer may move.
 	enc, dec, tmp, raw, keyBuf []byte
+	// upBuf holds the rewritten upstream key of the key being handled.
+	upBuf []byte
 }
 
 // keyOwner locates one requested key's result: which server's call, and
-// where in it. srv < 0 marks a key no server can hold.
-type keyOwner struct{ srv, pos int32 }
+// where in it. srv < 0 marks a key no server can hold; bound marks a
+// rewritten key, whose item must be an envelope bound to the client key.
+type keyOwner struct {
+	srv, pos int32
+	bound    bool
+}
 
 func newConn(p *Proxy, nc net.Conn) *conn {
 	cc := &countingConn{Conn: nc, stats: p.stats}

@@ -31,11 +31,12 @@ func (c *conn) envelopes(key []byte, flags uint32) bool {
 }
 
 // encode wraps value in an envelope in the connection's buffer, and
-// returns it with the flags to store upstream. The result is valid until
-// the next encode.
-func (c *conn) encode(key []byte, flags uint32, value []byte) ([]byte, uint32) {
+// returns it with the flags to store upstream. bind stores the client key's
+// binding, for a key stored under a rewritten upstream key. The result is
+// valid until the next encode.
+func (c *conn) encode(key []byte, bind bool, flags uint32, value []byte) ([]byte, uint32) {
 	var storedFlags uint32
-	c.enc, storedFlags = c.p.codec.AppendEncode(c.enc[:0], key, false, flags, value)
+	c.enc, storedFlags = c.p.codec.AppendEncode(c.enc[:0], key, bind, flags, value)
 	return c.enc, storedFlags
 }
 
@@ -45,18 +46,18 @@ func (c *conn) countStored(logical, stored int) {
 	c.p.stats.codecStored.Add(uint64(stored))
 }
 
-// open verifies an enveloped item read under the client key and returns
+// open verifies an enveloped item read for the client key (stored under
+// the upstream key k, bound to key when bind) and returns
 // the client's value and flags. The value sits in the connection's buffer
 // until the next open. A refused envelope is counted by its reason, deleted
 // upstream when it is damaged and --codec-delete-corrupt asks for it, and
 // reported as not ok: the client sees a miss.
-func (c *conn) open(key []byte, storedFlags uint32, stored []byte) ([]byte, uint32, bool) {
-	v, flags, err := c.p.codec.AppendDecode(c.dec[:0], key, false, storedFlags, stored)
+func (c *conn) open(key []byte, k string, bind bool, storedFlags uint32, stored []byte) ([]byte, uint32, bool) {
+	v, flags, err := c.p.codec.AppendDecode(c.dec[:0], key, bind, storedFlags, stored)
 	if err != nil {
 		r := codec.ReasonOf(err)
 		c.p.stats.codecRefused[r&15].Add(1)
 		if r.Damaged() && c.p.cfg.Codec.DeleteCorrupt {
-			k := string(key)
 			if c.p.servers[c.serverFor(k)].client.Delete(k) == nil {
 				c.p.stats.codecDeleted.Add(1)
 			}
@@ -69,25 +70,32 @@ func (c *conn) open(key []byte, storedFlags uint32, stored []byte) ([]byte, uint
 
 // readForUpdate reads key's item for a read-modify-write: the client's
 // value and flags, and the item's CAS and time to live to write it back
-// with. A missing item and a refused envelope are both not found.
-func (c *conn) readForUpdate(srv *server, k string, key []byte) (value []byte, it metaItem, found bool, err error) {
+// with. A missing item and a refused envelope are both not found, and so
+// is, under a rewritten key (bind), an item that is no envelope.
+func (c *conn) readForUpdate(srv *server, k string, key []byte, bind bool) (value []byte, it metaItem, found bool, err error) {
 	c.raw, it, found, err = srv.raw.getForUpdate(k, c.raw)
 	if err != nil || !found {
 		return nil, it, false, err
 	}
 	if !c.p.codec.IsEnveloped(it.flags) {
+		if bind {
+			// Some client's own value at a key equal to this
+			// rewritten one: not ours.
+			c.p.stats.keyUnbound.Add(1)
+			return nil, it, false, nil
+		}
 		// A plain item under a key whose values are now enveloped, such
 		// as one written before the codec was on.
 		return c.raw, it, true, nil
 	}
-	value, it.flags, found = c.open(key, it.flags, c.raw)
+	value, it.flags, found = c.open(key, k, bind, it.flags, c.raw)
 	return value, it, found, nil
 }
 
 // writeBack stores value, enveloped, under key if the item is still as it
 // was read. conflict reports that another write came first.
-func (c *conn) writeBack(srv *server, k string, key []byte, it metaItem, value []byte) (conflict, notStored bool, err error) {
-	stored, storedFlags := c.encode(key, it.flags, value)
+func (c *conn) writeBack(srv *server, k string, key []byte, bind bool, it metaItem, value []byte) (conflict, notStored bool, err error) {
+	stored, storedFlags := c.encode(key, bind, it.flags, value)
 	if len(stored) > int(c.p.cfg.MaxItemSize) {
 		return false, true, nil
 	}
@@ -104,8 +112,8 @@ func (c *conn) writeBack(srv *server, k string, key []byte, it metaItem, value [
 // data is joined to the decoded value. As in memcached, the item keeps its
 // flags, a missing item is NOT_STORED, and so is a joined value over the
 // item-size limit (memcached cannot allocate it).
-func (c *conn) joinEnveloped(id int, srv *server, k string, key, data []byte) error {
-	return c.readModifyWrite(id, srv, k, key, replyNotStored, outcomeNotStored, func(old []byte) (bool, error) {
+func (c *conn) joinEnveloped(id int, srv *server, k string, key []byte, bind bool, data []byte) error {
+	return c.readModifyWrite(id, srv, k, key, bind, replyNotStored, outcomeNotStored, func(old []byte) (bool, error) {
 		if id == cmdAppend {
 			c.tmp = append(append(c.tmp[:0], old...), data...)
 		} else {
@@ -128,9 +136,9 @@ func (c *conn) joinEnveloped(id int, srv *server, k string, key, data []byte) er
 // enveloped, with memcached's arithmetic: incr wraps at 2^64, decr stops at
 // 0, and a shorter result is padded with spaces to the old length, as
 // memcached rewrites the number in place.
-func (c *conn) arithmeticEnveloped(id int, srv *server, k string, key []byte, incr bool, delta uint64) error {
+func (c *conn) arithmeticEnveloped(id int, srv *server, k string, key []byte, bind, incr bool, delta uint64) error {
 	var n uint64
-	return c.readModifyWrite(id, srv, k, key, replyNotFound, outcomeNotFound, func(old []byte) (bool, error) {
+	return c.readModifyWrite(id, srv, k, key, bind, replyNotFound, outcomeNotFound, func(old []byte) (bool, error) {
 		var ok bool
 		if n, ok = parseCounter(old); !ok {
 			return false, c.clientError(id, replyNonNumeric)
@@ -165,11 +173,11 @@ func (c *conn) arithmeticEnveloped(id int, srv *server, k string, key []byte, in
 // with its outcome. change returns false when it has answered itself;
 // stored answers a write back (notStored: memcached refused it) and
 // returns false to try again.
-func (c *conn) readModifyWrite(id int, srv *server, k string, key []byte, missing []byte, missingOutcome outcome,
+func (c *conn) readModifyWrite(id int, srv *server, k string, key []byte, bind bool, missing []byte, missingOutcome outcome,
 	change func(old []byte) (bool, error), stored func(notStored bool) bool) error {
 	for attempt := range rmwAttempts {
 		backoff(attempt)
-		old, it, found, err := c.readForUpdate(srv, k, key)
+		old, it, found, err := c.readForUpdate(srv, k, key, bind)
 		if err != nil {
 			return c.upstreamError(id, srv, err)
 		}
@@ -181,7 +189,7 @@ func (c *conn) readModifyWrite(id int, srv *server, k string, key []byte, missin
 		if goOn, err := change(old); !goOn {
 			return err
 		}
-		conflict, notStored, err := c.writeBack(srv, k, key, it, c.tmp)
+		conflict, notStored, err := c.writeBack(srv, k, key, bind, it, c.tmp)
 		if err != nil {
 			return c.upstreamError(id, srv, err)
 		}

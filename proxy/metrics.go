@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"mcsidecar/codec"
+	"mcsidecar/keyspace"
 )
 
 // collector exports the proxy's counters to Prometheus. It reads the same
@@ -26,6 +27,9 @@ type collector struct {
 	deleted     *prometheus.Desc
 	logical     *prometheus.Desc
 	stored      *prometheus.Desc
+	rewrites    *prometheus.Desc
+	rejected    *prometheus.Desc
+	unbound     *prometheus.Desc
 }
 
 // Register adds the proxy's metrics to reg.
@@ -47,11 +51,14 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 		deleted:     prometheus.NewDesc(ns+"_codec_deleted_total", "Damaged enveloped items deleted upstream (--codec-delete-corrupt).", nil, nil),
 		logical:     prometheus.NewDesc(ns+"_codec_written_logical_bytes_total", "Bytes of enveloped values written, as the clients sent them.", nil, nil),
 		stored:      prometheus.NewDesc(ns+"_codec_written_stored_bytes_total", "Bytes of enveloped values written, as stored upstream (envelope included).", nil, nil),
+		rewrites:    prometheus.NewDesc(ns+"_key_rewrites_total", "Client keys rewritten for upstream, by scheme and by the step the rewrite ended at.", []string{"scheme", "step"}, nil),
+		rejected:    prometheus.NewDesc(ns+"_key_rejected_total", "Client keys refused with CLIENT_ERROR, by reason.", []string{"reason"}, nil),
+		unbound:     prometheus.NewDesc(ns+"_key_unbound_items_total", "Items read under a rewritten key that were not an envelope (another client's value at an equal key), served as a miss.", nil, nil),
 	})
 }
 
 func (m *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.requests, m.connections, m.accepted, m.bytesIn, m.bytesOut, m.keys, m.upErrors, m.upServers, m.upGets, m.upGetKeys, m.refused, m.deleted, m.logical, m.stored} {
+	for _, d := range []*prometheus.Desc{m.requests, m.connections, m.accepted, m.bytesIn, m.bytesOut, m.keys, m.upErrors, m.upServers, m.upGets, m.upGetKeys, m.refused, m.deleted, m.logical, m.stored, m.rewrites, m.rejected, m.unbound} {
 		ch <- d
 	}
 }
@@ -80,4 +87,16 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.deleted, prometheus.CounterValue, float64(s.codecDeleted.Load()))
 	ch <- prometheus.MustNewConstMetric(m.logical, prometheus.CounterValue, float64(s.codecLogical.Load()))
 	ch <- prometheus.MustNewConstMetric(m.stored, prometheus.CounterValue, float64(s.codecStored.Load()))
+	if ks := m.p.keys; ks != nil {
+		for i, scheme := range ks.SchemeNames() {
+			for _, step := range keyspace.Steps() {
+				ch <- prometheus.MustNewConstMetric(m.rewrites, prometheus.CounterValue,
+					float64(s.keyRewrites[i*numSteps+int(step)].Load()), scheme, step.String())
+			}
+		}
+		for _, r := range keyspace.Reasons() {
+			ch <- prometheus.MustNewConstMetric(m.rejected, prometheus.CounterValue, float64(s.keyRejected[r&7].Load()), r.String())
+		}
+		ch <- prometheus.MustNewConstMetric(m.unbound, prometheus.CounterValue, float64(s.keyUnbound.Load()))
+	}
 }

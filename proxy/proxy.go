@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"mcsidecar/codec"
+	"mcsidecar/keyspace"
 )
 
 // errTooManyFiles is the accept error worth waiting out: the process ran
@@ -30,7 +31,10 @@ type Proxy struct {
 	servers []*server
 	sel     selector
 	stats   *stats
-	codec   *codec.Codec // nil: no value is enveloped
+	codec   *codec.Codec       // nil: no value is enveloped
+	keys    *keyspace.Keyspace // nil: keys are not rewritten
+	// schemeIndex numbers keys.SchemeNames() for the rewrite counters.
+	schemeIndex map[string]int
 
 	drain     atomic.Bool
 	mu        sync.Mutex
@@ -61,7 +65,16 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 			return nil, err
 		}
 	}
+	var ks *keyspace.Keyspace
+	if cfg.Keys != nil {
+		own := *cfg.Keys
+		cfg.Keys = &own
+		if ks, err = keyspace.New(own); err != nil {
+			return nil, err
+		}
+	}
 	p := &Proxy{
+		keys:    ks,
 		codec:   cd,
 		cfg:     cfg,
 		version: version,
@@ -69,6 +82,13 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 		sel:     sel,
 		stats:   newStats(),
 		conns:   make(map[*conn]struct{}),
+	}
+	if ks != nil {
+		p.schemeIndex = make(map[string]int)
+		for i, name := range ks.SchemeNames() {
+			p.schemeIndex[name] = i
+		}
+		p.stats.keyRewrites = make([]atomic.Uint64, len(p.schemeIndex)*numSteps)
 	}
 	for _, name := range names {
 		s, err := newServer(name, &cfg, p.stats)

@@ -54,7 +54,7 @@ func (c *conn) getAndTouch(words [][]byte, withCAS bool) error {
 	keys := words[1:]
 	r := retrieval{touch: true, exptime: exptime}
 	for i, k := range keys {
-		if len(k) > keyMaxLength {
+		if !c.validKey(k) {
 			// memcached touches the keys before the one it refuses.
 			c.fetchAndTouch(r, keys[:i])
 			return c.clientError(id, replyBadFormat)
@@ -84,10 +84,10 @@ func (c *conn) fetchAndTouch(r retrieval, keys [][]byte) {
 }
 
 // checkKeys refuses the whole request, as memcached does, when a key is
-// longer than memcached allows.
+// longer than allowed (memcached's 250 bytes, or --key-max-client-length).
 func (c *conn) checkKeys(id int, keys [][]byte) bool {
 	for _, k := range keys {
-		if len(k) > keyMaxLength {
+		if !c.validKey(k) {
 			c.p.stats.record(id, outcomeClientError)
 			c.reply(replyBadFormat)
 			return false
@@ -111,23 +111,30 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 	for _, k := range keys {
 		key := string(k)
 		c.keys = append(c.keys, key)
-		if !forwardable(k) {
+		up, bound, ok := c.upstreamKey(k)
+		if !ok {
 			// No server can hold such a key: it is always a miss.
 			c.owners = append(c.owners, keyOwner{srv: -1})
 			continue
 		}
-		// A key named again is fetched once and answered as often as it
-		// was named, so repeating a large key costs one copy, as in
-		// memcached.
+		if bound {
+			key = string(up)
+		}
+		// An upstream key named again is fetched once and answered as
+		// often as it was named, so repeating a large key costs one
+		// copy, as in memcached. Two client keys may share an upstream
+		// key (a rewrite equal to another client's key): each owner
+		// checks the item against its own key.
 		if len(keys) > 1 {
 			if o, ok := c.seen[key]; ok {
+				o.bound = bound
 				c.owners = append(c.owners, o)
 				continue
 			}
 		}
 		s := c.serverFor(key)
 		call := c.calls[s]
-		o := keyOwner{srv: int32(s), pos: int32(len(call.keys))}
+		o := keyOwner{srv: int32(s), pos: int32(len(call.keys)), bound: bound}
 		c.owners = append(c.owners, o)
 		call.keys = append(call.keys, key)
 		used[s] = true
@@ -174,9 +181,15 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 			if call.err == nil && call.items[o.pos].hit {
 				it := &call.items[o.pos]
 				value, flags, ok := call.value(int(o.pos)), it.flags, true
-				if c.p.codec != nil && c.p.codec.IsEnveloped(flags) {
+				switch {
+				case o.bound && !c.p.codec.IsEnveloped(flags):
+					// Under a rewritten key, a plain item is some
+					// client's own value at an equal key: a miss.
+					c.p.stats.keyUnbound.Add(1)
+					ok = false
+				case o.bound || c.p.codec != nil && c.p.codec.IsEnveloped(flags):
 					c.keyBuf = append(c.keyBuf[:0], c.keys[i]...)
-					value, flags, ok = c.open(c.keyBuf, flags, value)
+					value, flags, ok = c.open(c.keyBuf, call.keys[o.pos], o.bound, flags, value)
 				}
 				if ok {
 					c.writeValue(c.keys[i], flags, it.cas, value, withCAS)

@@ -33,6 +33,14 @@ type stats struct {
 	codecDeleted              atomic.Uint64
 	codecLogical, codecStored atomic.Uint64
 
+	// Keys, when key settings are on: rewrites by scheme (as numbered in
+	// Proxy.schemeIndex) and step, at scheme*numSteps+step; keys refused
+	// by keyspace.Reason; and items read under a rewritten key that were
+	// not an envelope bound to a key (a plain value at a colliding key).
+	keyRewrites []atomic.Uint64
+	keyRejected [8]atomic.Uint64
+	keyUnbound  atomic.Uint64
+
 	baseMu sync.Mutex
 	base   counters // at the last "stats reset"
 }

@@ -13,6 +13,9 @@ func (c *conn) store(id int, w [][]byte) error {
 	st := c.p.stats
 	st.cmdSet.Add(1)
 	a := parseStoreArgs(w, id == cmdCas)
+	if c.p.keys != nil {
+		a.ok = a.argsOK && c.validKey(a.key)
+	}
 	c.noreply = a.noreply
 	if !a.ok {
 		st.record(id, outcomeClientError)
@@ -24,11 +27,18 @@ func (c *conn) store(id int, w [][]byte) error {
 	}
 	key, vlen := a.key, a.vlen
 	join := id == cmdAppend || id == cmdPrepend
-	var enveloped bool
-	if join {
+	// key points into the read buffer, which data may move: k is a copy.
+	up, bound, _ := c.upstreamKey(key)
+	k := string(up)
+	// A value under a rewritten key is always enveloped, bound to the
+	// client key: another key may meet it upstream.
+	enveloped := bound
+	switch {
+	case bound:
+	case join:
 		// memcached ignores the flags of append and prepend.
 		enveloped = c.envelopes(key, 0)
-	} else {
+	default:
 		enveloped = c.envelopes(key, a.flags)
 	}
 	// A value to envelope may be over the item-size limit and still fit
@@ -38,9 +48,8 @@ func (c *conn) store(id int, w [][]byte) error {
 		limit = c.p.cfg.maxValueSize()
 	}
 	if vlen > limit {
-		return c.tooLarge(id, key, vlen+2)
+		return c.tooLarge(id, k, vlen+2)
 	}
-	k := string(key) // key points into the read buffer, which data may move
 	if enveloped {
 		c.keyBuf = append(c.keyBuf[:0], key...)
 	}
@@ -55,12 +64,12 @@ func (c *conn) store(id int, w [][]byte) error {
 	}
 	value, flags := data[:vlen], a.flags
 	if enveloped && join {
-		return c.joinEnveloped(id, c.p.servers[c.serverFor(k)], k, c.keyBuf, value)
+		return c.joinEnveloped(id, c.p.servers[c.serverFor(k)], k, c.keyBuf, bound, value)
 	}
 	if enveloped {
-		value, flags = c.encode(c.keyBuf, a.flags, value)
+		value, flags = c.encode(c.keyBuf, bound, a.flags, value)
 		if len(value) > int(c.p.cfg.MaxItemSize) {
-			return c.tooLarge(id, c.keyBuf, 0)
+			return c.tooLarge(id, k, 0)
 		}
 	}
 	c.item.Key = k
@@ -102,14 +111,13 @@ func (c *conn) store(id int, w [][]byte) error {
 }
 
 // tooLarge refuses a value over the size limits and consumes the n bytes
-// of its data block still unread.
-func (c *conn) tooLarge(id int, key []byte, n int) error {
+// of its data block still unread. k is the upstream key.
+func (c *conn) tooLarge(id int, k string, n int) error {
 	c.p.stats.record(id, outcomeClientError)
 	c.reply(replyTooLarge)
 	if id == cmdSet {
 		// memcached drops the old value rather than keep serving it
 		// after a set it could not store.
-		k := string(key)
 		c.p.servers[c.serverFor(k)].client.Delete(k)
 	}
 	if n == 0 {
@@ -129,7 +137,8 @@ type storeArgs struct {
 	cas     uint64
 	noreply bool
 	lenOK   bool // the data block's length is known, so it can be consumed
-	ok      bool // every argument is valid
+	argsOK  bool // every argument but the key is valid
+	ok      bool // every argument is valid, the key by memcached's own limits
 }
 
 // parseStoreArgs reads "<verb> <key> <flags> <exptime> <bytes> [<cas>]
@@ -149,6 +158,7 @@ func parseStoreArgs(w [][]byte, withCAS bool) storeArgs {
 	if withCAS {
 		a.cas, okCas = parseUint64(w[5])
 	}
-	a.ok = okFlags && okExp && a.lenOK && okCas && len(a.key) <= keyMaxLength && forwardable(a.key)
+	a.argsOK = okFlags && okExp && a.lenOK && okCas
+	a.ok = a.argsOK && len(a.key) <= keyMaxLength && forwardable(a.key)
 	return a
 }

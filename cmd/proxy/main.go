@@ -22,6 +22,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"mcsidecar/codec"
+	"mcsidecar/keyspace"
 	"mcsidecar/proxy"
 )
 
@@ -29,11 +30,10 @@ import (
 var version = "0.1.0-dev"
 
 // config is the command's own settings; each package registers its own.
-// The keyspace package is not wired into the request path yet, so its
-// flags are not offered: a flag that changes nothing would lie.
 type config struct {
 	proxy         proxy.Config
 	codec         codec.Config
+	keys          keyspace.Config
 	metricsListen string
 	shutdownGrace time.Duration
 	logLevel      string
@@ -45,6 +45,8 @@ func (c *config) registerFlags(fs *pflag.FlagSet) {
 	c.proxy.RegisterFlags(fs)
 	c.codec.RegisterFlags(fs)
 	c.proxy.Codec = &c.codec
+	c.keys.RegisterFlags(fs)
+	c.proxy.Keys = &c.keys
 	fs.StringVar(&c.metricsListen, "metrics-listen", "127.0.0.1:9151", "HTTP address for /metrics, /healthz and /readyz (empty: off)")
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGTERM, how long in-flight requests may take before connections are closed")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -54,6 +56,9 @@ func (c *config) registerFlags(fs *pflag.FlagSet) {
 
 func (c *config) validate() error {
 	if err := c.codec.Validate(); err != nil {
+		return err
+	}
+	if err := c.keys.Validate(); err != nil {
 		return err
 	}
 	if err := c.proxy.Validate(); err != nil {
