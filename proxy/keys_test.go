@@ -370,7 +370,7 @@ var keyspaceWant = map[string]string{
 func TestMemcaslapThroughKeyspace(t *testing.T) {
 	bin, err := exec.LookPath("memcaslap")
 	if err != nil {
-		t.Skip("memcaslap is not installed (libmemcached-tools)")
+		t.Fatalf("memcaslap is not installed (libmemcached-tools; the README's test command installs it): %v", err)
 	}
 	up := startMemcached(t)
 	p, addr := startProxy(t, keyspaceConfig(up))
