@@ -165,15 +165,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 			name, end string
 			req       []byte
 		}{{"get", "END", getReq}, {"set", "STORED", setReq}} {
-			b.Run(op.name+"/"+target.name, func(b *testing.B) {
-				rc := newRawClient(b, target.addr)
-				b.ReportAllocs()
-				for b.Loop() {
-					if err := rc.roundTrip(op.req, op.end); err != nil {
-						b.Fatal(err)
-					}
-				}
-			})
+			b.Run(op.name+"/"+target.name, func(b *testing.B) { benchRoundTrips(b, target.addr, op.req, op.end) })
 			b.Run(op.name+"/parallel/"+target.name, func(b *testing.B) {
 				b.ReportAllocs()
 				b.SetParallelism(16) // 32 connections on 2 cores
@@ -192,3 +184,15 @@ func BenchmarkEndToEnd(b *testing.B) {
 }
 
 var _ io.Reader = (*repeatReader)(nil)
+
+// benchRoundTrips sends req to addr b.N times on one connection, each
+// reply read up to its line starting with end.
+func benchRoundTrips(b *testing.B, addr string, req []byte, end string) {
+	rc := newRawClient(b, addr)
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := rc.roundTrip(req, end); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

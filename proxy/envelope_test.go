@@ -409,15 +409,7 @@ func BenchmarkEndToEndEnveloped(b *testing.B) {
 			name, end string
 			req       []byte
 		}{{"get", "END", getReq}, {"set", "STORED", setReq}} {
-			b.Run(op.name+"/"+target.name, func(b *testing.B) {
-				rc := newRawClient(b, target.addr)
-				b.ReportAllocs()
-				for b.Loop() {
-					if err := rc.roundTrip(op.req, op.end); err != nil {
-						b.Fatal(err)
-					}
-				}
-			})
+			b.Run(op.name+"/"+target.name, func(b *testing.B) { benchRoundTrips(b, target.addr, op.req, op.end) })
 		}
 	}
 }

@@ -122,14 +122,7 @@ func TestShutdownLetsARequestInFlightFinish(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		t.Fatal("Shutdown still running 2s after the last request finished")
 	}
-	select {
-	case err := <-served:
-		if err != nil {
-			t.Errorf("Serve: %v, want nil", err)
-		}
-	case <-time.After(2 * time.Second):
-		t.Error("Serve still running after Shutdown")
-	}
+	waitServed(t, served)
 }
 
 // TestShutdownClosesIdleConnectionsAndRefusesNewOnes shuts down a proxy
@@ -167,14 +160,7 @@ func TestShutdownClosesIdleConnectionsAndRefusesNewOnes(t *testing.T) {
 		nc.Close()
 		t.Error("a new connection was accepted after Shutdown")
 	}
-	select {
-	case err := <-served:
-		if err != nil {
-			t.Errorf("Serve: %v, want nil", err)
-		}
-	case <-time.After(2 * time.Second):
-		t.Error("Serve still running after Shutdown")
-	}
+	waitServed(t, served)
 }
 
 // TestShutdownAgainIsHarmless calls Shutdown a second time, as a deferred
@@ -276,5 +262,18 @@ func TestShutdownReturnsSoonAfterGraceRunsOut(t *testing.T) {
 		}
 	case <-time.After(2 * time.Second):
 		t.Errorf("Shutdown still running %v after Shutdown began with a 200ms grace period", time.Since(start).Round(time.Millisecond))
+	}
+}
+
+// waitServed checks that Serve returned nil soon after Shutdown.
+func waitServed(t *testing.T, served <-chan error) {
+	t.Helper()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Errorf("Serve: %v, want nil", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Error("Serve still running after Shutdown")
 	}
 }
