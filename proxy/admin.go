@@ -27,7 +27,7 @@ func (c *conn) arithmetic(w [][]byte, incr bool) error {
 		return nil
 	}
 	k := string(up)
-	srv := c.p.servers[c.serverFor(k)]
+	srv := c.up.servers[c.serverFor(k)]
 	if bound || c.envelopes(key, 0) {
 		return c.arithmeticEnveloped(id, srv, k, key, bound, incr, delta)
 	}
@@ -64,7 +64,7 @@ func (c *conn) touch(w [][]byte) error {
 		return nil
 	}
 	k := string(up)
-	srv := c.p.servers[c.serverFor(k)]
+	srv := c.up.servers[c.serverFor(k)]
 	if err := srv.client.Touch(k, exptime); err != nil {
 		return c.upstreamError(cmdTouch, srv, err)
 	}
@@ -95,7 +95,7 @@ func (c *conn) delete(w [][]byte) error {
 		return nil
 	}
 	k := string(up)
-	srv := c.p.servers[c.serverFor(k)]
+	srv := c.up.servers[c.serverFor(k)]
 	if err := srv.client.Delete(k); err != nil {
 		return c.upstreamError(cmdDelete, srv, err)
 	}
@@ -121,9 +121,9 @@ func (c *conn) flushAll(w [][]byte) error {
 		}
 		withDelay = true
 	}
-	errs := make([]error, len(c.p.servers))
+	errs := make([]error, len(c.up.servers))
 	var wg sync.WaitGroup
-	for i, s := range c.p.servers {
+	for i, s := range c.up.servers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -133,7 +133,7 @@ func (c *conn) flushAll(w [][]byte) error {
 	wg.Wait()
 	for i, err := range errs {
 		if err != nil {
-			return c.upstreamError(cmdFlushAll, c.p.servers[i], err)
+			return c.upstreamError(cmdFlushAll, c.up.servers[i], err)
 		}
 	}
 	c.p.stats.record(cmdFlushAll, outcomeOK)

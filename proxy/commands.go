@@ -147,5 +147,6 @@ func (c *conn) dispatch(line []byte) error {
 	case verdictBadArgs:
 		return c.clientError(cmd.id, replyError)
 	}
+	c.useUpstreams()
 	return cmd.run(c, words)
 }

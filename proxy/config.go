@@ -31,6 +31,19 @@ type Config struct {
 	MaxValueSize   ByteSize
 	MaxRequestLine ByteSize
 
+	// FailureLimit is how many consecutive failures (connect errors and
+	// timeouts) eject a server for RetryInterval; 0 never ejects.
+	FailureLimit  int
+	RetryInterval time.Duration
+	// EjectRehash sends the keys of an ejected server to the servers left
+	// instead of answering them as misses.
+	EjectRehash bool
+	// DNSInterval is how often dns+ and dnssrv+ entries are looked up.
+	DNSInterval time.Duration
+	// Resolver looks those entries up; nil is net.DefaultResolver. Tests
+	// set it, and it is not offered as a flag.
+	Resolver Resolver
+
 	// Codec holds the value settings, registered by the codec package;
 	// nil serves every value as it is, with no envelope.
 	Codec *codec.Config
@@ -58,7 +71,7 @@ const (
 // sidecar of a Mimir store-gateway.
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:11311", "memcached-protocol address to serve: host:port or unix:/path")
-	fs.StringSliceVar(&c.Upstreams, "upstream", []string{"127.0.0.1:11211"}, "memcached servers, repeatable or comma-separated: host:port or unix:/path")
+	fs.StringSliceVar(&c.Upstreams, "upstream", []string{"127.0.0.1:11211"}, "memcached servers, repeatable or comma-separated: host:port, unix:/path, dns+host:port (every A/AAAA record), dnssrv+_service._proto.name (SRV targets' addresses) or dnssrvnoa+_service._proto.name (SRV targets as named)")
 	fs.StringVar(&c.Selector, "upstream-selector", selectJump, "server selection: jump (dskit's jump hash over xxhash64, as Mimir and Thanos clients pick) or ketama (libmemcached/twemproxy continuum, MD5)")
 	fs.DurationVar(&c.Timeout, "upstream-timeout", 200*time.Millisecond, "read/write timeout of one upstream request")
 	fs.DurationVar(&c.ConnectTimeout, "upstream-connect-timeout", 100*time.Millisecond, "timeout to connect to an upstream server")
@@ -66,6 +79,10 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.GetConcurrency, "upstream-get-concurrency", 2, "concurrent gets per upstream server; gets arriving while all are busy are coalesced into one multi-get")
 	fs.IntVar(&c.GetBatchKeys, "upstream-get-batch-keys", 100, "most keys coalesced into one upstream multi-get")
 	fs.StringVar(&c.RetrievalFailure, "upstream-retrieval-failure", failureMiss, "reply to a retrieval whose upstream failed: miss or error (SERVER_ERROR)")
+	fs.IntVar(&c.FailureLimit, "upstream-failure-limit", 3, "consecutive failures (connect errors, timeouts) that eject a server; 0 never ejects")
+	fs.DurationVar(&c.RetryInterval, "upstream-retry-interval", time.Second, "how long a server stays ejected before it is probed with version; it is back at the first answer")
+	fs.BoolVar(&c.EjectRehash, "upstream-eject-rehash", false, "send the keys of an ejected server to the servers left (risks stale reads when it comes back) instead of answering them as misses")
+	fs.DurationVar(&c.DNSInterval, "upstream-dns-interval", 30*time.Second, "how often dns+ and dnssrv+ upstream entries are looked up again")
 	c.MaxItemSize = 1 << 20
 	fs.Var(&c.MaxItemSize, "max-item-size", "largest item stored upstream, as memcached's -I: an enveloped value counts as stored, compressed and with its header (bytes, or with k/m suffix)")
 	// Twice the item limit: a value that compresses to half its size or
@@ -86,7 +103,7 @@ func (c *Config) Validate() error {
 		return errors.New("--upstream names no server")
 	}
 	for _, u := range c.Upstreams {
-		if _, _, err := splitUpstream(u); err != nil {
+		if _, err := parseEntry(u); err != nil {
 			return err
 		}
 	}
@@ -104,6 +121,12 @@ func (c *Config) Validate() error {
 		return errors.New("--upstream-get-concurrency must be at least 1")
 	case c.GetBatchKeys < 1:
 		return errors.New("--upstream-get-batch-keys must be at least 1")
+	case c.FailureLimit < 0:
+		return errors.New("--upstream-failure-limit must not be negative")
+	case c.FailureLimit > 0 && c.RetryInterval <= 0:
+		return errors.New("--upstream-retry-interval must be positive")
+	case c.DNSInterval <= 0 && c.discovers():
+		return errors.New("--upstream-dns-interval must be positive")
 	case c.RetrievalFailure != failureMiss && c.RetrievalFailure != failureError:
 		return fmt.Errorf("--upstream-retrieval-failure must be %s or %s", failureMiss, failureError)
 	case c.MaxItemSize < 1 || c.MaxItemSize > 1<<30:
@@ -139,9 +162,6 @@ func splitUpstream(s string) (network, addr string, err error) {
 			return "", "", fmt.Errorf("--upstream %q: empty socket path", s)
 		}
 		return "unix", path, nil
-	}
-	if strings.HasPrefix(s, "dns+") || strings.HasPrefix(s, "dnssrv+") {
-		return "", "", fmt.Errorf("--upstream %q: DNS discovery is not supported yet", s)
 	}
 	host, port, err := splitHostPort(s)
 	if err != nil {

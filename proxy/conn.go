@@ -35,7 +35,8 @@ type conn struct {
 	busy    atomic.Bool // handling a request, not waiting for one
 	wakeMu  sync.Mutex  // orders wakeIfIdle against markBusy
 
-	calls   []*getCall // one per upstream server
+	up      *upstreams // the server set of the command being handled
+	calls   []*getCall // one per server of up
 	keys    []string
 	owners  []keyOwner
 	seen    map[string]keyOwner // keys already grouped in this request
@@ -64,10 +65,7 @@ func newConn(p *Proxy, nc net.Conn) *conn {
 	c := &conn{p: p, nc: nc, cc: cc, wr: bufio.NewWriterSize(cc, writeBufferSize)}
 	c.rd = newReader(cc, readBufferSize, int(p.cfg.MaxRequestLine), c.flush)
 	c.words = make([][]byte, 0, maxTokens)
-	c.calls = make([]*getCall, len(p.servers))
-	for i := range c.calls {
-		c.calls[i] = newGetCall()
-	}
+	c.useUpstreams()
 	return c
 }
 
@@ -206,7 +204,7 @@ func forwardable(key []byte) bool {
 }
 
 // serverFor returns the index of the server that owns key.
-func (c *conn) serverFor(key string) int { return c.p.sel.pick(key) }
+func (c *conn) serverFor(key string) int { return c.up.pick(key, c.p.cfg.EjectRehash) }
 
 // countingConn counts the bytes a client sends and receives for stats, and
 // remembers whether a write failed.

@@ -58,7 +58,7 @@ func (c *conn) open(key []byte, k string, bind bool, storedFlags uint32, stored 
 		r := codec.ReasonOf(err)
 		c.p.stats.codecRefused[r&15].Add(1)
 		if r.Damaged() && c.p.cfg.Codec.DeleteCorrupt {
-			if c.p.servers[c.serverFor(k)].client.Delete(k) == nil {
+			if c.up.servers[c.serverFor(k)].client.Delete(k) == nil {
 				c.p.stats.codecDeleted.Add(1)
 			}
 		}

@@ -296,18 +296,19 @@ func TestOneOfThreeUpstreamsKilled(t *testing.T) {
 	cfg.Timeout = 500 * time.Millisecond
 	cfg.ConnectTimeout = 100 * time.Millisecond
 	p, addr := startProxy(t, cfg)
+	up := p.upstreams()
 	c := newLineClient(t, addr)
 
 	const n = 300
 	keys := make([]string, n)
 	values := map[string]string{}
 	owner := map[string]int{}
-	perServer := make([]int, len(p.servers))
+	perServer := make([]int, len(up.servers))
 	for i := range keys {
 		k := "key:" + strconv.Itoa(i)
 		keys[i] = k
 		values[k] = "value-" + strconv.Itoa(i*7919)
-		owner[k] = p.sel.pick(k)
+		owner[k] = up.sel.pick(k)
 		perServer[owner[k]]++
 		req := fmt.Sprintf("set %s %d 0 %d\r\n%s\r\n", k, i, len(values[k]), values[k])
 		if got := c.do(req); got != "STORED\r\n" {
@@ -316,13 +317,13 @@ func TestOneOfThreeUpstreamsKilled(t *testing.T) {
 	}
 	for s, count := range perServer {
 		if count == 0 {
-			t.Fatalf("server %s owns none of the %d keys; the test needs keys on every server", p.servers[s].name, n)
+			t.Fatalf("server %s owns none of the %d keys; the test needs keys on every server", up.servers[s].name, n)
 		}
 	}
 
 	const dead = 1
-	kills[p.servers[dead].name]()
-	t.Logf("killed %s, which owned %d of %d keys", p.servers[dead].name, perServer[dead], n)
+	kills[up.servers[dead].name]()
+	t.Logf("killed %s, which owned %d of %d keys", up.servers[dead].name, perServer[dead], n)
 
 	// check parses a retrieval reply and holds every value in it to the
 	// value stored under its key.
@@ -365,7 +366,7 @@ func TestOneOfThreeUpstreamsKilled(t *testing.T) {
 		for _, k := range asked {
 			live := owner[k] != dead
 			if seen[k] != live {
-				t.Errorf("%q: %s (on %s, live %v) hit = %v", short(req), k, p.servers[owner[k]].name, live, seen[k])
+				t.Errorf("%q: %s (on %s, live %v) hit = %v", short(req), k, up.servers[owner[k]].name, live, seen[k])
 			}
 		}
 	}
@@ -387,7 +388,7 @@ func TestOneOfThreeUpstreamsKilled(t *testing.T) {
 		}
 		req := fmt.Sprintf("set %s %s 0 %d\r\n%s\r\n", k, strings.TrimPrefix(k, "key:"), len(values[k]), values[k])
 		if got := c.do(req); got != want {
-			t.Errorf("set %s (on %s) answered %q, want %q", k, p.servers[owner[k]].name, got, want)
+			t.Errorf("set %s (on %s) answered %q, want %q", k, up.servers[owner[k]].name, got, want)
 		}
 	}
 	// flush_all answers OK only when every server did.

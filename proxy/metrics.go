@@ -61,10 +61,12 @@ func (m *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.requests, m.connections, m.accepted, m.bytesIn, m.bytesOut, m.keys, m.upErrors, m.upServers, m.upGets, m.upGetKeys, m.refused, m.deleted, m.logical, m.stored, m.rewrites, m.rejected, m.unbound} {
 		ch <- d
 	}
+	describeHealth(ch)
 }
 
 func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	s := m.p.stats
+	m.p.collectHealth(ch)
 	for id := range numCommands {
 		for oc := range numOutcomes {
 			ch <- prometheus.MustNewConstMetric(m.requests, prometheus.CounterValue,
@@ -78,7 +80,7 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.keys, prometheus.CounterValue, float64(s.getHits.Load()+s.touchHits.Load()), "hit")
 	ch <- prometheus.MustNewConstMetric(m.keys, prometheus.CounterValue, float64(s.getMisses.Load()+s.touchMisses.Load()), "miss")
 	ch <- prometheus.MustNewConstMetric(m.upErrors, prometheus.CounterValue, float64(s.upstreamErrors.Load()))
-	ch <- prometheus.MustNewConstMetric(m.upServers, prometheus.GaugeValue, float64(len(m.p.servers)))
+	ch <- prometheus.MustNewConstMetric(m.upServers, prometheus.GaugeValue, float64(len(m.p.upstreams().servers)))
 	ch <- prometheus.MustNewConstMetric(m.upGets, prometheus.CounterValue, float64(s.upstreamGets.Load()))
 	ch <- prometheus.MustNewConstMetric(m.upGetKeys, prometheus.CounterValue, float64(s.upstreamGetKeys.Load()))
 	for _, r := range codec.Reasons() {

@@ -28,11 +28,12 @@ type Proxy struct {
 	cfg     Config
 	version string
 	log     *slog.Logger
-	servers []*server
-	sel     selector
-	stats   *stats
-	codec   *codec.Codec       // nil: no value is enveloped
-	keys    *keyspace.Keyspace // nil: keys are not rewritten
+	// up is the current server set; discovery swaps it when DNS changes.
+	up        atomic.Pointer[upstreams]
+	discovery *discovery // nil: every upstream entry is static
+	stats     *stats
+	codec     *codec.Codec       // nil: no value is enveloped
+	keys      *keyspace.Keyspace // nil: keys are not rewritten
 	// schemeIndex numbers keys.SchemeNames() for the rewrite counters.
 	schemeIndex map[string]int
 
@@ -52,11 +53,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	names := orderServers(cfg.Upstreams)
-	sel, err := newSelector(cfg.Selector, names)
-	if err != nil {
-		return nil, err
-	}
+	var err error
 	var cd *codec.Codec
 	if cfg.Codec != nil {
 		own := *cfg.Codec // the caller's may change; the proxy's must not
@@ -79,7 +76,6 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 		cfg:     cfg,
 		version: version,
 		log:     log,
-		sel:     sel,
 		stats:   newStats(),
 		conns:   make(map[*conn]struct{}),
 	}
@@ -90,14 +86,19 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 		}
 		p.stats.keyRewrites = make([]atomic.Uint64, len(p.schemeIndex)*numSteps)
 	}
-	for _, name := range names {
-		s, err := newServer(name, &cfg, p.stats)
-		if err != nil {
-			p.closeServers()
-			return nil, err
-		}
-		p.servers = append(p.servers, s)
+	// The first lookup must succeed: there is no last good set to keep.
+	ctx, cancel := context.WithTimeout(context.Background(), lookupTimeout)
+	names, err := resolve(ctx, p.resolver(), cfg.Upstreams)
+	cancel()
+	if err != nil {
+		return nil, err
 	}
+	up, _, err := p.newUpstreams(names, nil)
+	if err != nil {
+		return nil, err
+	}
+	p.up.Store(up)
+	p.startDiscovery()
 	return p, nil
 }
 
@@ -237,20 +238,23 @@ func (p *Proxy) wakeIdle() {
 }
 
 func (p *Proxy) closeServers() {
-	for _, s := range p.servers {
+	p.stopDiscovery()
+	for _, s := range p.upstreams().servers {
 		s.close()
 	}
 }
 
 // Ready reports whether at least one upstream server answers. The servers
-// are asked at once; the first answer decides.
+// are asked at once; the first answer decides. An ejected server is not
+// asked: it counts as not answering.
 func (p *Proxy) Ready(ctx context.Context) error {
-	results := make(chan error, len(p.servers))
-	for _, s := range p.servers {
+	servers := p.upstreams().servers
+	results := make(chan error, len(servers))
+	for _, s := range servers {
 		go func() { results <- s.raw.ping() }()
 	}
 	var last error
-	for range p.servers {
+	for range servers {
 		select {
 		case err := <-results:
 			if err == nil {

@@ -30,6 +30,7 @@ type rawPool struct {
 	timeout        time.Duration
 	connectTimeout time.Duration
 	maxIdle        int
+	health         *health
 
 	mu     sync.Mutex
 	idle   []*rawConn
@@ -43,12 +44,21 @@ type rawConn struct {
 
 var errUnexpectedReply = errors.New("unexpected reply from upstream")
 
-// do runs fn on a pooled connection under one deadline. The connection is
+// do runs fn as try does, unless the server is ejected, and counts the
+// result towards ejecting it.
+func (p *rawPool) do(fn func(*rawConn) error) error {
+	if err := p.health.admit(); err != nil {
+		return err
+	}
+	return p.health.observe(p.try(fn))
+}
+
+// try runs fn on a pooled connection under one deadline. The connection is
 // kept only if fn succeeded. When a connection taken from the idle pool
 // fails other than by timing out, the server has most likely restarted:
 // every idle connection is dropped and fn runs once more on a new one, so
 // a restart costs no client a failed request. fn must be safe to repeat.
-func (p *rawPool) do(fn func(*rawConn) error) error {
+func (p *rawPool) try(fn func(*rawConn) error) error {
 	c, reused, err := p.get()
 	if err != nil {
 		return err
@@ -232,11 +242,15 @@ func (p *rawPool) flushAll(delay int32, withDelay bool) error {
 }
 
 // ping asks the server for its version, the cheapest request it answers.
-func (p *rawPool) ping() error {
-	return p.do(func(c *rawConn) error {
-		c.rw.WriteString("version\r\n")
-		return expectLine(c, []byte("VERSION "))
-	})
+// An ejected server is not asked: it does not answer.
+func (p *rawPool) ping() error { return p.do(askVersion) }
+
+// probe asks an ejected server for its version, to see if it is back.
+func (p *rawPool) probe() error { return p.try(askVersion) }
+
+func askVersion(c *rawConn) error {
+	c.rw.WriteString("version\r\n")
+	return expectLine(c, []byte("VERSION "))
 }
 
 // expectLine flushes the request and reads one reply line starting with

@@ -30,10 +30,10 @@ func (c *conn) retrieve(keys [][]byte, withCAS bool) error {
 		go func(co *coalescer, call *getCall) {
 			defer wg.Done()
 			co.get(call)
-		}(c.p.servers[s].gets, call)
+		}(c.up.servers[s].gets, call)
 	}
 	if first >= 0 {
-		c.p.servers[first].gets.get(c.calls[first])
+		c.up.servers[first].gets.get(c.calls[first])
 	}
 	wg.Wait()
 	return c.answerRetrieval(id, withCAS)
@@ -77,7 +77,7 @@ func (c *conn) fetchAndTouch(r retrieval, keys [][]byte) {
 				batch := append(call.batch[:0], call)
 				fetch(pool, c.p.stats, r, batch, call.keys)
 				call.batch = batch[:0]
-			}(c.p.servers[s].raw, call)
+			}(c.up.servers[s].raw, call)
 		}
 	}
 	wg.Wait()

@@ -64,7 +64,7 @@ func (c *conn) store(id int, w [][]byte) error {
 	}
 	value, flags := data[:vlen], a.flags
 	if enveloped && join {
-		return c.joinEnveloped(id, c.p.servers[c.serverFor(k)], k, c.keyBuf, bound, value)
+		return c.joinEnveloped(id, c.up.servers[c.serverFor(k)], k, c.keyBuf, bound, value)
 	}
 	if enveloped {
 		value, flags = c.encode(c.keyBuf, bound, a.flags, value)
@@ -77,7 +77,7 @@ func (c *conn) store(id int, w [][]byte) error {
 	c.item.Flags = flags
 	c.item.Expiration = a.exptime
 	c.item.CasID = a.cas
-	srv := c.p.servers[c.serverFor(k)]
+	srv := c.up.servers[c.serverFor(k)]
 	switch id {
 	case cmdSet:
 		err = srv.client.Set(&c.item)
@@ -118,7 +118,7 @@ func (c *conn) tooLarge(id int, k string, n int) error {
 	if id == cmdSet {
 		// memcached drops the old value rather than keep serving it
 		// after a set it could not store.
-		c.p.servers[c.serverFor(k)].client.Delete(k)
+		c.up.servers[c.serverFor(k)].client.Delete(k)
 	}
 	if n == 0 {
 		return nil

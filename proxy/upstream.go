@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"log/slog"
 	"net"
 
 	"github.com/bradfitz/gomemcache/memcache"
@@ -24,15 +25,17 @@ type cache interface {
 
 // server is one upstream memcached: a gomemcache client of its own (so each
 // server has its own connection pool), the coalescer that batches its gets,
-// and the few operations gomemcache lacks.
+// the few operations gomemcache lacks, and its health, which every request
+// through client and raw passes.
 type server struct {
 	name   string
 	client cache
 	gets   *coalescer
 	raw    *rawPool
+	health *health
 }
 
-func newServer(name string, cfg *Config, st *stats) (*server, error) {
+func newServer(name string, cfg *Config, st *stats, log *slog.Logger) (*server, error) {
 	network, addr, err := splitUpstream(name)
 	if err != nil {
 		return nil, err
@@ -50,10 +53,14 @@ func newServer(name string, cfg *Config, st *stats) (*server, error) {
 	mc.DialContext = dial
 	mc.Timeout = cfg.Timeout
 	mc.MaxIdleConns = cfg.MaxIdleConns
+	raw := &rawPool{dial: dial, timeout: cfg.Timeout, connectTimeout: cfg.ConnectTimeout, maxIdle: cfg.MaxIdleConns}
+	h := newHealth(name, cfg, log, raw.probe)
+	raw.health = h
 	s := &server{
 		name:   name,
-		client: mc,
-		raw:    &rawPool{dial: dial, timeout: cfg.Timeout, connectTimeout: cfg.ConnectTimeout, maxIdle: cfg.MaxIdleConns},
+		client: guarded{next: mc, h: h},
+		raw:    raw,
+		health: h,
 	}
 	s.gets = newCoalescer(s.raw, st, cfg.GetConcurrency, cfg.GetBatchKeys)
 	return s, nil
@@ -72,7 +79,11 @@ func (s *server) dropIdle(err error) {
 	}
 }
 
+// close stops the server's prober and closes its idle connections. It is
+// called once no request uses the server any more: at the end of Shutdown,
+// or one DNS interval after discovery removed the server.
 func (s *server) close() {
+	s.health.close()
 	s.raw.close()
 	if c, ok := s.client.(interface{ Close() error }); ok {
 		c.Close()

@@ -1,0 +1,247 @@
+package proxy
+
+import (
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// errEjected fails a request to a server that is ejected, before anything
+// is sent: it answers like a server that is down.
+var errEjected = errors.New("upstream server ejected")
+
+// health decides whether one upstream server is used. After limit
+// consecutive failures (connect errors and timeouts; a reply of any kind,
+// a miss or a SERVER_ERROR included, is not a failure) the server is
+// ejected: every request to it fails at once, without touching the
+// network, so no client waits on a server known to be dead.
+//
+// While the server is ejected, one goroutine of its own probes it with
+// "version" every interval and puts it back at the first answer. A
+// background prober rather than a probe by the first request after the
+// interval: no client request ever pays for a probe of a dead server, and
+// the prober exists only while the server is out. close stops it.
+type health struct {
+	name     string
+	limit    int32 // consecutive failures that eject; 0 never ejects
+	interval time.Duration
+	probe    func() error // one request that bypasses the ejection
+	log      *slog.Logger
+
+	fails     atomic.Int32
+	down      atomic.Bool
+	ejections atomic.Uint64
+
+	mu      sync.Mutex
+	closed  bool
+	since   time.Time // when the server was ejected
+	stop    chan struct{}
+	probers sync.WaitGroup
+}
+
+func newHealth(name string, cfg *Config, log *slog.Logger, probe func() error) *health {
+	return &health{
+		name:     name,
+		limit:    int32(cfg.FailureLimit),
+		interval: cfg.RetryInterval,
+		probe:    probe,
+		log:      log,
+		stop:     make(chan struct{}),
+	}
+}
+
+// admit refuses a request to an ejected server.
+func (h *health) admit() error {
+	if h.down.Load() {
+		return errEjected
+	}
+	return nil
+}
+
+// observe counts the result of one request to the server, ejects it at the
+// failure limit, and returns err.
+func (h *health) observe(err error) error {
+	if h.limit == 0 || errors.Is(err, errEjected) {
+		return err
+	}
+	if !isTimeout(err) && !isConnError(err) {
+		// Loaded first: the common case writes nothing shared.
+		if h.fails.Load() != 0 {
+			h.fails.Store(0)
+		}
+		return err
+	}
+	if h.fails.Add(1) >= h.limit {
+		h.eject()
+	}
+	return err
+}
+
+// eject takes the server out and starts its prober, once however many
+// requests fail together.
+func (h *health) eject() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed || h.down.Load() {
+		return
+	}
+	h.down.Store(true)
+	h.ejections.Add(1)
+	h.since = time.Now()
+	h.log.Warn("upstream server ejected", "server", h.name, "failures", h.fails.Load(), "retry_interval", h.interval)
+	h.probers.Add(1)
+	go h.probeUntilBack()
+}
+
+// probeUntilBack probes the ejected server every interval, and puts it
+// back when it answers. A failed probe keeps it out another interval.
+func (h *health) probeUntilBack() {
+	defer h.probers.Done()
+	t := time.NewTimer(h.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.stop:
+			return
+		case <-t.C:
+		}
+		if h.probe() == nil {
+			break
+		}
+		t.Reset(h.interval)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.fails.Store(0)
+	h.down.Store(false)
+	h.log.Info("upstream server back", "server", h.name, "ejected_for", time.Since(h.since).Round(time.Millisecond))
+}
+
+// close stops the prober, if one runs, and waits for it. A probe in flight
+// ends within the upstream timeout.
+func (h *health) close() {
+	h.mu.Lock()
+	if !h.closed {
+		h.closed = true
+		close(h.stop)
+	}
+	h.mu.Unlock()
+	h.probers.Wait()
+}
+
+// guarded is a server's gomemcache client behind its health: requests to
+// an ejected server fail at once, and every result is counted.
+type guarded struct {
+	next cache
+	h    *health
+}
+
+func (g guarded) Set(it *memcache.Item) error {
+	if err := g.h.admit(); err != nil {
+		return err
+	}
+	return g.h.observe(g.next.Set(it))
+}
+
+func (g guarded) Add(it *memcache.Item) error {
+	if err := g.h.admit(); err != nil {
+		return err
+	}
+	return g.h.observe(g.next.Add(it))
+}
+
+func (g guarded) Replace(it *memcache.Item) error {
+	if err := g.h.admit(); err != nil {
+		return err
+	}
+	return g.h.observe(g.next.Replace(it))
+}
+
+func (g guarded) Append(it *memcache.Item) error {
+	if err := g.h.admit(); err != nil {
+		return err
+	}
+	return g.h.observe(g.next.Append(it))
+}
+
+func (g guarded) Prepend(it *memcache.Item) error {
+	if err := g.h.admit(); err != nil {
+		return err
+	}
+	return g.h.observe(g.next.Prepend(it))
+}
+
+func (g guarded) CompareAndSwap(it *memcache.Item) error {
+	if err := g.h.admit(); err != nil {
+		return err
+	}
+	return g.h.observe(g.next.CompareAndSwap(it))
+}
+
+func (g guarded) Delete(key string) error {
+	if err := g.h.admit(); err != nil {
+		return err
+	}
+	return g.h.observe(g.next.Delete(key))
+}
+
+func (g guarded) Touch(key string, seconds int32) error {
+	if err := g.h.admit(); err != nil {
+		return err
+	}
+	return g.h.observe(g.next.Touch(key, seconds))
+}
+
+func (g guarded) Increment(key string, delta uint64) (uint64, error) {
+	if err := g.h.admit(); err != nil {
+		return 0, err
+	}
+	n, err := g.next.Increment(key, delta)
+	return n, g.h.observe(err)
+}
+
+func (g guarded) Decrement(key string, delta uint64) (uint64, error) {
+	if err := g.h.admit(); err != nil {
+		return 0, err
+	}
+	n, err := g.next.Decrement(key, delta)
+	return n, g.h.observe(err)
+}
+
+// Close closes the idle connections of the gomemcache client.
+func (g guarded) Close() error {
+	if c, ok := g.next.(interface{ Close() error }); ok {
+		return c.Close()
+	}
+	return nil
+}
+
+// Per-server health metrics. Every server of the current set is exported,
+// up or not, with its ejections counted from zero.
+var (
+	serverUpDesc = prometheus.NewDesc("mcsidecar_upstream_server_up",
+		"Whether an upstream server is in use: 1, or 0 while it is ejected after --upstream-failure-limit consecutive failures.", []string{"server"}, nil)
+	ejectionsDesc = prometheus.NewDesc("mcsidecar_upstream_ejections_total",
+		"Times an upstream server was ejected.", []string{"server"}, nil)
+)
+
+func describeHealth(ch chan<- *prometheus.Desc) {
+	ch <- serverUpDesc
+	ch <- ejectionsDesc
+}
+
+func (p *Proxy) collectHealth(ch chan<- prometheus.Metric) {
+	for _, s := range p.upstreams().servers {
+		up := 1.0
+		if s.health.down.Load() {
+			up = 0
+		}
+		ch <- prometheus.MustNewConstMetric(serverUpDesc, prometheus.GaugeValue, up, s.name)
+		ch <- prometheus.MustNewConstMetric(ejectionsDesc, prometheus.CounterValue, float64(s.health.ejections.Load()), s.name)
+	}
+}
