@@ -283,8 +283,15 @@ func TestTricklingUpstreamGetEndsWithinBound(t *testing.T) {
 // TestOneOfThreeUpstreamsKilled kills one of three memcached servers after
 // 300 keys were stored through the proxy. Keys on the live servers still
 // hit with their own values, keys on the dead one miss, and no request
-// ever answers a wrong value.
+// ever answers a wrong value. With ejection the dead server is ejected
+// once, and when memcached is restarted on its address the prober puts it
+// back by itself.
 func TestOneOfThreeUpstreamsKilled(t *testing.T) {
+	t.Run("without ejection", func(t *testing.T) { oneOfThreeKilled(t, 0) })
+	t.Run("with ejection", func(t *testing.T) { oneOfThreeKilled(t, 2) })
+}
+
+func oneOfThreeKilled(t *testing.T, failureLimit int) {
 	kills := map[string]func(){}
 	var ups []string
 	for range 3 {
@@ -295,6 +302,8 @@ func TestOneOfThreeUpstreamsKilled(t *testing.T) {
 	cfg := testConfig(ups...)
 	cfg.Timeout = 500 * time.Millisecond
 	cfg.ConnectTimeout = 100 * time.Millisecond
+	cfg.FailureLimit = failureLimit
+	cfg.RetryInterval = 100 * time.Millisecond
 	p, addr := startProxy(t, cfg)
 	up := p.upstreams()
 	c := newLineClient(t, addr)
@@ -394,6 +403,37 @@ func TestOneOfThreeUpstreamsKilled(t *testing.T) {
 	// flush_all answers OK only when every server did.
 	if got := c.do("flush_all\r\n"); got != "SERVER_ERROR upstream unavailable\r\n" {
 		t.Errorf("flush_all with one server down answered %q", got)
+	}
+	if failureLimit == 0 {
+		return
+	}
+	h := up.servers[dead].health
+	if !h.down.Load() || h.ejections.Load() != 1 {
+		t.Fatalf("dead server: ejected %v, %d ejections; want ejected once", h.down.Load(), h.ejections.Load())
+	}
+	for s, srv := range up.servers {
+		if s != dead && (srv.health.down.Load() || srv.health.ejections.Load() != 0) {
+			t.Errorf("live server %s was ejected", srv.name)
+		}
+	}
+	if _, ok := runMemcached(t, up.servers[dead].name); !ok {
+		t.Fatal("could not restart memcached on " + up.servers[dead].name)
+	}
+	if !waitFor(5*time.Second, func() bool { return !h.down.Load() }) {
+		t.Fatal("the restarted server is still ejected after 5s")
+	}
+	for _, k := range keys[:20] {
+		req := fmt.Sprintf("set %s %s 0 %d\r\n%s\r\n", k, strings.TrimPrefix(k, "key:"), len(values[k]), values[k])
+		if got := c.do(req); got != "STORED\r\n" {
+			t.Errorf("set %s (on %s) after the restart answered %q", k, up.servers[owner[k]].name, got)
+		}
+	}
+	req := "get " + strings.Join(keys[:20], " ") + "\r\n"
+	seen := check(req, c.do(req))
+	for _, k := range keys[:20] {
+		if !seen[k] {
+			t.Errorf("%s missed after the restart", k)
+		}
 	}
 }
 

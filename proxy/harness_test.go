@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os/exec"
 	"strconv"
@@ -46,12 +47,13 @@ func startKillableMemcached(tb testing.TB, extra ...string) (addr string, kill f
 	return "", nil
 }
 
-// runMemcached starts memcached on addr and waits until it listens. The
-// server is killed when the test ends, or earlier by kill.
+// runMemcached starts memcached on addr (a loopback address) and waits
+// until it listens. The server is killed when the test ends, or earlier by
+// kill.
 func runMemcached(tb testing.TB, addr string, extra ...string) (kill func(), ok bool) {
 	tb.Helper()
-	_, port := hostPort(addr)
-	args := append([]string{"-l", "127.0.0.1", "-p", port, "-U", "0", "-t", "2", "-m", "64", "-u", "nobody"}, extra...)
+	host, port := hostPort(addr)
+	args := append([]string{"-l", host, "-p", port, "-U", "0", "-t", "2", "-m", "64", "-u", "nobody"}, extra...)
 	cmd := exec.Command(memcachedBin(tb), args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -182,7 +184,13 @@ func startProxy(tb testing.TB, cfg Config) (*Proxy, string) {
 // returned nil. The returned channel yields Serve's result.
 func serveProxy(tb testing.TB, cfg Config) (*Proxy, string, <-chan error) {
 	tb.Helper()
-	p, err := New(cfg, "mcsidecar-test", nil)
+	return serveProxyLog(tb, cfg, nil)
+}
+
+// serveProxyLog is serveProxy with the proxy logging to log.
+func serveProxyLog(tb testing.TB, cfg Config, log *slog.Logger) (*Proxy, string, <-chan error) {
+	tb.Helper()
+	p, err := New(cfg, "mcsidecar-test", log)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -1,0 +1,318 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// logLines records the messages a proxy logs, so that a test can count
+// the lines of each kind.
+type logLines struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (l *logLines) logger() *slog.Logger { return slog.New(l) }
+
+func (l *logLines) Enabled(context.Context, slog.Level) bool { return true }
+
+func (l *logLines) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.msgs = append(l.msgs, r.Message)
+	return nil
+}
+
+func (l *logLines) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logLines) WithGroup(string) slog.Handler      { return l }
+
+// count returns how many lines had msg as their message.
+func (l *logLines) count(msg string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, m := range l.msgs {
+		if m == msg {
+			n++
+		}
+	}
+	return n
+}
+
+// stuckUntilReleased is an upstream that accepts connections and never
+// answers until release; every connection accepted after release is
+// relayed to the memcached at target, so the same address "comes back".
+// lines receives every line sent to it while stuck.
+func stuckUntilReleased(tb testing.TB, target string) (addr string, lines <-chan string, release func()) {
+	tb.Helper()
+	var released atomic.Bool
+	ch := make(chan string, 1024)
+	addr, _ = fakeUpstream(tb, func(c net.Conn) {
+		if released.Load() {
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				return
+			}
+			go func() {
+				io.Copy(up, c) // ends when c is closed
+				up.Close()
+			}()
+			io.Copy(c, up)
+			return
+		}
+		br := bufio.NewReader(c)
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				return
+			}
+			select {
+			case ch <- line:
+			default:
+			}
+		}
+	})
+	return addr, ch, func() { released.Store(true) }
+}
+
+// waitFor polls cond until it holds or bound passes.
+func waitFor(bound time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(bound)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return true
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return cond()
+}
+
+// healthExposition is the two per-server health families for one server.
+func healthExposition(server string, up, ejections int) string {
+	return fmt.Sprintf(`# HELP mcsidecar_upstream_ejections_total Times an upstream server was ejected.
+# TYPE mcsidecar_upstream_ejections_total counter
+mcsidecar_upstream_ejections_total{server=%q} %d
+# HELP mcsidecar_upstream_server_up Whether an upstream server is in use: 1, or 0 while it is ejected after --upstream-failure-limit consecutive failures.
+# TYPE mcsidecar_upstream_server_up gauge
+mcsidecar_upstream_server_up{server=%q} %d
+`, server, ejections, server, up)
+}
+
+// TestStuckUpstreamIsEjectedThenProbedBack points the proxy at a server
+// that accepts connections and never answers. Each of the first
+// --upstream-failure-limit requests ends at the upstream timeout; then the
+// server is ejected, and requests answer at once without reaching it
+// (only the prober's version does). When the server starts answering, the
+// prober puts it back and requests work again. Each state change is
+// logged once, and the metrics follow it.
+func TestStuckUpstreamIsEjectedThenProbedBack(t *testing.T) {
+	const down = "SERVER_ERROR upstream unavailable\r\n"
+	up, lines, release := stuckUntilReleased(t, startMemcached(t))
+	cfg := testConfig(up)
+	cfg.Timeout = 200 * time.Millisecond
+	cfg.ConnectTimeout = 100 * time.Millisecond
+	cfg.FailureLimit = 3
+	cfg.RetryInterval = 100 * time.Millisecond
+	logs := &logLines{}
+	p, addr, _ := serveProxyLog(t, cfg, logs.logger())
+	reg := prometheus.NewRegistry()
+	if err := p.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(healthExposition(up, 1, 0)),
+		"mcsidecar_upstream_server_up", "mcsidecar_upstream_ejections_total"); err != nil {
+		t.Errorf("before any request: %v", err)
+	}
+	srv := p.upstreams().servers[0]
+	c := newLineClient(t, addr)
+
+	// Generous: the point is that each request ends, not how close to the
+	// timeout it ends.
+	const slack = 2 * time.Second
+	for i := range cfg.FailureLimit {
+		if srv.health.down.Load() {
+			t.Fatalf("ejected after %d failures, want %d", i, cfg.FailureLimit)
+		}
+		start := time.Now()
+		if got := c.do("get k\r\n"); got != "END\r\n" {
+			t.Errorf("get from a stuck server answered %q, want a miss", got)
+		}
+		if took := time.Since(start); took > cfg.Timeout+slack {
+			t.Errorf("get %d took %v with a %v upstream timeout", i, took, cfg.Timeout)
+		}
+	}
+	if !srv.health.down.Load() {
+		t.Fatalf("not ejected after %d timeouts", cfg.FailureLimit)
+	}
+
+	// Ejected: nothing but the prober's version reaches the server, and 30
+	// requests together take less than one upstream timeout.
+	for len(lines) > 0 {
+		<-lines
+	}
+	start := time.Now()
+	for range 10 {
+		for _, req := range []struct{ req, want string }{
+			{"get k\r\n", "END\r\n"},
+			{"set k 0 0 1\r\nv\r\n", down},
+			{"delete k\r\n", down},
+		} {
+			if got := c.do(req.req); got != req.want {
+				t.Errorf("%q to an ejected server answered %q, want %q", req.req, got, req.want)
+			}
+		}
+	}
+	if took := time.Since(start); took >= cfg.Timeout {
+		t.Errorf("30 requests to an ejected server took %v, more than one upstream timeout (%v)", took, cfg.Timeout)
+	}
+	for len(lines) > 0 {
+		if line := <-lines; line != "version\r\n" {
+			t.Errorf("an ejected server was sent %q", line)
+		}
+	}
+	if err := p.Ready(context.Background()); err == nil {
+		t.Error("ready with the only server ejected")
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(healthExposition(up, 0, 1)),
+		"mcsidecar_upstream_server_up", "mcsidecar_upstream_ejections_total"); err != nil {
+		t.Errorf("while ejected: %v", err)
+	}
+
+	// The server answers again: the prober puts it back by itself.
+	release()
+	if !waitFor(5*time.Second, func() bool { return !srv.health.down.Load() }) {
+		t.Fatal("the server answers again but is still ejected after 5s")
+	}
+	if got := c.do("set k 0 0 5\r\nhello\r\n"); got != "STORED\r\n" {
+		t.Errorf("set after the server came back answered %q", got)
+	}
+	if got := c.do("get k\r\n"); got != "VALUE k 0 5\r\nhello\r\nEND\r\n" {
+		t.Errorf("get after the server came back answered %q", got)
+	}
+	if err := p.Ready(context.Background()); err != nil {
+		t.Errorf("not ready with the server back: %v", err)
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(healthExposition(up, 1, 1)),
+		"mcsidecar_upstream_server_up", "mcsidecar_upstream_ejections_total"); err != nil {
+		t.Errorf("after coming back: %v", err)
+	}
+	if n := logs.count("upstream server ejected"); n != 1 {
+		t.Errorf("logged %d ejections, want 1", n)
+	}
+	if n := logs.count("upstream server back"); n != 1 {
+		t.Errorf("logged %d returns, want 1", n)
+	}
+}
+
+// TestFailureLimitZeroNeverEjects sends many failing requests to a dead
+// server with ejection disabled: each one still tries the server.
+func TestFailureLimitZeroNeverEjects(t *testing.T) {
+	cfg := testConfig(deadUpstream(t))
+	cfg.FailureLimit = 0
+	p, addr := startProxy(t, cfg)
+	c := newLineClient(t, addr)
+	for range 10 {
+		if got := c.do("set k 0 0 1\r\nv\r\n"); got != "SERVER_ERROR upstream unavailable\r\n" {
+			t.Errorf("set to a dead server answered %q", got)
+		}
+	}
+	if got := c.stat("upstream_errors"); got != 10 {
+		t.Errorf("upstream_errors = %d, want 10: every request tried the server", got)
+	}
+	if h := p.upstreams().servers[0].health; h.down.Load() || h.ejections.Load() != 0 {
+		t.Error("ejected with --upstream-failure-limit 0")
+	}
+}
+
+// TestEjectRehashMovesKeysOfTheEjectedServer kills one of three servers
+// with --upstream-eject-rehash: once it is ejected its keys are stored on
+// and read from the servers left, the other keys stay where they were,
+// and when it comes back its keys go back to it (and miss there: the
+// stand-in's copy is no longer read, which is the stale-read risk the flag
+// carries if that copy is later read again).
+func TestEjectRehashMovesKeysOfTheEjectedServer(t *testing.T) {
+	var ups []string
+	kills := map[string]func(){}
+	for range 3 {
+		a, kill := startKillableMemcached(t)
+		ups = append(ups, a)
+		kills[a] = kill
+	}
+	cfg := testConfig(ups...)
+	cfg.FailureLimit = 1
+	cfg.RetryInterval = 100 * time.Millisecond
+	cfg.EjectRehash = true
+	p, addr := startProxy(t, cfg)
+	set := p.upstreams()
+	c := newLineClient(t, addr)
+
+	const dead = 0
+	deadAddr := set.servers[dead].name
+	kills[deadAddr]()
+	// Find keys of the dead server and of the others.
+	var deadKeys, liveKeys []string
+	for i := 0; len(deadKeys) < 20 || len(liveKeys) < 20; i++ {
+		k := "rehash:" + strconv.Itoa(i)
+		if set.sel.pick(k) == dead {
+			deadKeys = append(deadKeys, k)
+		} else {
+			liveKeys = append(liveKeys, k)
+		}
+	}
+	// The first request to the dead server fails and ejects it.
+	if got := c.do("set " + deadKeys[0] + " 0 0 1\r\nx\r\n"); got != "SERVER_ERROR upstream unavailable\r\n" {
+		t.Errorf("the set that found the server dead answered %q", got)
+	}
+	if !set.servers[dead].health.down.Load() {
+		t.Fatal("not ejected after a failure with --upstream-failure-limit 1")
+	}
+	for _, k := range append(deadKeys, liveKeys...) {
+		if got := c.do("set " + k + " 0 0 " + strconv.Itoa(len(k)) + "\r\n" + k + "\r\n"); got != "STORED\r\n" {
+			t.Errorf("set %s with its server ejected answered %q", k, got)
+		}
+	}
+	for _, k := range append(deadKeys, liveKeys...) {
+		want := "VALUE " + k + " 0 " + strconv.Itoa(len(k)) + "\r\n" + k + "\r\nEND\r\n"
+		if got := c.do("get " + k + "\r\n"); got != want {
+			t.Errorf("get %s answered %q, want %q", k, got, want)
+		}
+		// Each value sits on the server the proxy picks now, which for a
+		// live key is its own.
+		owner := set.pick(k, true)
+		if owner == dead {
+			t.Fatalf("%s picked the ejected server", k)
+		}
+		if got := exchange(t, set.servers[owner].name, "get "+k+"\r\n"); got != want {
+			t.Errorf("%s on %s directly: %q, want %q", k, set.servers[owner].name, got, want)
+		}
+		if own := set.sel.pick(k); own != dead && own != owner {
+			t.Errorf("live key %s moved from server %d to %d", k, own, owner)
+		}
+	}
+
+	// Back: the dead server's keys are its own again, and miss there.
+	if _, ok := runMemcached(t, deadAddr); !ok {
+		t.Fatal("could not restart memcached on " + deadAddr)
+	}
+	if !waitFor(5*time.Second, func() bool { return !set.servers[dead].health.down.Load() }) {
+		t.Fatal("the restarted server is still ejected after 5s")
+	}
+	for _, k := range deadKeys {
+		if got := c.do("get " + k + "\r\n"); got != "END\r\n" {
+			t.Errorf("get %s after its server came back answered %q, want a miss", k, got)
+		}
+	}
+}
