@@ -1,0 +1,335 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeResolver answers DNS lookups from its tables, which a test changes
+// while the proxy runs. A name not in the tables is not found.
+type fakeResolver struct {
+	mu    sync.Mutex
+	hosts map[string][]string
+	srv   map[string][]*net.SRV
+	err   error // when set, every lookup fails with it
+	calls int
+}
+
+func (r *fakeResolver) LookupHost(_ context.Context, host string) ([]string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls++
+	if r.err != nil {
+		return nil, r.err
+	}
+	addrs, ok := r.hosts[host]
+	if !ok {
+		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+	}
+	return slices.Clone(addrs), nil
+}
+
+func (r *fakeResolver) LookupSRV(_ context.Context, service, proto, name string) (string, []*net.SRV, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls++
+	if r.err != nil {
+		return "", nil, r.err
+	}
+	if service != "" || proto != "" {
+		return "", nil, errors.New("want the whole SRV name in name")
+	}
+	recs, ok := r.srv[name]
+	if !ok {
+		return "", nil, &net.DNSError{Err: "no such host", Name: name, IsNotFound: true}
+	}
+	return name, slices.Clone(recs), nil
+}
+
+// change runs fn on the resolver's tables under its lock.
+func (r *fakeResolver) change(fn func(r *fakeResolver)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fn(r)
+}
+
+func (r *fakeResolver) lookups() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.calls
+}
+
+// srvTo returns SRV records for the loopback memcached servers at addrs,
+// each target a name of its own that resolves to 127.0.0.1.
+func srvTo(r *fakeResolver, addrs ...string) []*net.SRV {
+	var recs []*net.SRV
+	for _, a := range addrs {
+		_, port := hostPort(a)
+		n, _ := strconv.Atoi(port)
+		target := "mc-" + port + ".test."
+		r.hosts[target] = []string{"127.0.0.1"}
+		recs = append(recs, &net.SRV{Target: target, Port: uint16(n)})
+	}
+	return recs
+}
+
+// TestDiscoveryResolvesEntries checks what each kind of --upstream entry
+// becomes, with grafana/dskit's meanings: dns+ every A/AAAA record at the
+// entry's port, dnssrv+ the addresses of every SRV target at the record's
+// port (or the entry's), dnssrvnoa+ the SRV targets as named.
+func TestDiscoveryResolvesEntries(t *testing.T) {
+	r := &fakeResolver{
+		hosts: map[string][]string{
+			"cache.test": {"127.0.0.1", "127.0.0.2", "::1"},
+			"a.test.":    {"127.0.0.1"},
+			"b.test.":    {"127.0.0.2", "127.0.0.3"},
+		},
+		srv: map[string][]*net.SRV{
+			"_memcached._tcp.cache.test": {{Target: "a.test.", Port: 11211}, {Target: "b.test.", Port: 11212}},
+			// Named in /etc/hosts: the proxy's upstream client resolves
+			// the names itself, and no test may ask a real DNS server.
+			"_memcached._tcp.local.test": {{Target: "localhost.", Port: 11211}, {Target: "localhost.", Port: 11212}},
+		},
+	}
+	for _, tc := range []struct {
+		name    string
+		entries []string
+		want    []string
+	}{
+		{"dns+ takes every A and AAAA record", []string{"dns+cache.test:11211"},
+			[]string{"127.0.0.1:11211", "127.0.0.2:11211", "[::1]:11211"}},
+		{"dnssrv+ takes the addresses of every target", []string{"dnssrv+_memcached._tcp.cache.test"},
+			[]string{"127.0.0.1:11211", "127.0.0.2:11212", "127.0.0.3:11212"}},
+		{"dnssrv+ with a port overrides the records'", []string{"dnssrv+_memcached._tcp.cache.test:9999"},
+			[]string{"127.0.0.1:9999", "127.0.0.2:9999", "127.0.0.3:9999"}},
+		{"dnssrvnoa+ takes the targets as named", []string{"dnssrvnoa+_memcached._tcp.local.test"},
+			[]string{"localhost:11211", "localhost:11212"}},
+		{"static and discovered entries mix, each server once", []string{"127.0.0.1:11211", "dns+cache.test:11211"},
+			[]string{"127.0.0.1:11211", "127.0.0.2:11211", "[::1]:11211"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(tc.entries...)
+			cfg.Resolver = r
+			cfg.DNSInterval = time.Hour
+			p, err := New(cfg, "test", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Shutdown(context.Background())
+			if got, want := p.upstreams().names, orderServers(tc.want); !slices.Equal(got, want) {
+				t.Errorf("servers %q, want %q", got, want)
+			}
+		})
+	}
+	for _, tc := range []struct{ entry, wantErr string }{
+		{"dns+cache.test", "want dns+host:port"},
+		{"dns+:11211", "want dns+host:port"},
+		{"dnssrv+", "want dnssrv+_service._proto.name"},
+		{"dnssrvnoa+", "want dnssrvnoa+_service._proto.name"},
+		{"dns+missing.test:11211", "no such host"},
+		{"dnssrv+_memcached._tcp.missing.test", "no such host"},
+	} {
+		t.Run("refused: "+tc.entry, func(t *testing.T) {
+			cfg := testConfig(tc.entry)
+			cfg.Resolver = r
+			cfg.DNSInterval = time.Hour
+			p, err := New(cfg, "test", nil)
+			if err == nil {
+				p.Shutdown(context.Background())
+				t.Fatalf("New accepted %q", tc.entry)
+			}
+			if !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("New(%q): %v, want an error saying %q", tc.entry, err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestDNSRecordsServeKeys runs two memcached servers on the same port of
+// two loopback addresses behind one dns+ name: every key stored through
+// the proxy sits on the server the selector picks for it, and both get
+// some.
+func TestDNSRecordsServeKeys(t *testing.T) {
+	port := strconv.Itoa(freePort(t))
+	for _, host := range []string{"127.0.0.1", "127.0.0.2"} {
+		if _, ok := runMemcached(t, host+":"+port); !ok {
+			t.Fatalf("could not start memcached on %s:%s", host, port)
+		}
+	}
+	r := &fakeResolver{hosts: map[string][]string{"cache.test": {"127.0.0.2", "127.0.0.1"}}}
+	cfg := testConfig("dns+cache.test:" + port)
+	cfg.Resolver = r
+	cfg.DNSInterval = time.Hour
+	p, addr := startProxy(t, cfg)
+	up := p.upstreams()
+	c := newLineClient(t, addr)
+	perServer := map[string]int{}
+	for i := range 40 {
+		k := "dns:" + strconv.Itoa(i)
+		if got := c.do("set " + k + " 0 0 1\r\nv\r\n"); got != "STORED\r\n" {
+			t.Fatalf("set %s answered %q", k, got)
+		}
+		owner := up.servers[up.sel.pick(k)].name
+		perServer[owner]++
+		if got := exchange(t, owner, "get "+k+"\r\n"); got != "VALUE "+k+" 0 1\r\nv\r\nEND\r\n" {
+			t.Errorf("%s is not on %s, its server: %q", k, owner, got)
+		}
+	}
+	if len(perServer) != 2 {
+		t.Errorf("keys by server %v, want both servers used", perServer)
+	}
+}
+
+// TestServerSetChangesUnderAnOpenConnection adds a server to the SRV
+// records, then removes another, while one client connection stays open.
+// The connection keeps getting correct answers throughout, each key lands
+// on the server the new selector picks, a server that stays keeps its
+// pools and state, and a removed server is closed afterwards.
+func TestServerSetChangesUnderAnOpenConnection(t *testing.T) {
+	a, b, c3 := startMemcached(t), startMemcached(t), startMemcached(t)
+	r := &fakeResolver{hosts: map[string][]string{}, srv: map[string][]*net.SRV{}}
+	r.srv["_memcached._tcp.cache.test"] = srvTo(r, a, b)
+	cfg := testConfig("dnssrv+_memcached._tcp.cache.test")
+	cfg.Resolver = r
+	cfg.DNSInterval = 20 * time.Millisecond
+	logs := &logLines{}
+	p, addr, _ := serveProxyLog(t, cfg, logs.logger())
+	c := newLineClient(t, addr)
+
+	keys := make([]string, 60)
+	for i := range keys {
+		keys[i] = "set:" + strconv.Itoa(i)
+	}
+	// round stores every key with a value of this round through the same
+	// connection, reads each back, and checks it sits on its server.
+	round := func(name string) {
+		t.Helper()
+		up := p.upstreams()
+		for _, k := range keys {
+			v := k + "@" + name
+			if got := c.do("set " + k + " 0 0 " + strconv.Itoa(len(v)) + "\r\n" + v + "\r\n"); got != "STORED\r\n" {
+				t.Fatalf("%s: set %s answered %q", name, k, got)
+			}
+		}
+		for _, k := range keys {
+			v := k + "@" + name
+			want := "VALUE " + k + " 0 " + strconv.Itoa(len(v)) + "\r\n" + v + "\r\nEND\r\n"
+			if got := c.do("get " + k + "\r\n"); got != want {
+				t.Errorf("%s: get %s answered %q, want %q", name, k, got, want)
+			}
+			if owner := up.servers[up.sel.pick(k)].name; exchange(t, owner, "get "+k+"\r\n") != want {
+				t.Errorf("%s: %s is not on %s, its server", name, k, owner)
+			}
+		}
+	}
+	waitSet := func(want ...string) {
+		t.Helper()
+		if !waitFor(5*time.Second, func() bool { return slices.Equal(p.upstreams().names, orderServers(want)) }) {
+			t.Fatalf("servers %q, want %q", p.upstreams().names, orderServers(want))
+		}
+	}
+
+	waitSet(a, b)
+	round("two servers")
+	before := p.upstreams()
+	serverA, serverB := before.servers[slices.Index(before.names, a)], before.servers[slices.Index(before.names, b)]
+
+	r.change(func(r *fakeResolver) { r.srv["_memcached._tcp.cache.test"] = srvTo(r, a, b, c3) })
+	waitSet(a, b, c3)
+	if now := p.upstreams(); now.servers[slices.Index(now.names, a)] != serverA {
+		t.Error("a server that stayed was replaced")
+	}
+	round("three servers")
+
+	r.change(func(r *fakeResolver) { r.srv["_memcached._tcp.cache.test"] = srvTo(r, a, c3) })
+	waitSet(a, c3)
+	round("b removed")
+	closed := func() bool {
+		serverB.raw.mu.Lock()
+		defer serverB.raw.mu.Unlock()
+		return serverB.raw.closed
+	}
+	if !waitFor(5*time.Second, closed) {
+		t.Error("the removed server was not closed")
+	}
+	if got := c.stat("total_connections"); got != 1 {
+		t.Errorf("total_connections = %d: the client's connection was replaced", got)
+	}
+	if n := logs.count("upstream servers changed"); n != 2 {
+		t.Errorf("logged %d set changes, want 2", n)
+	}
+}
+
+// TestFailedLookupKeepsLastServers makes every lookup fail, then find
+// nothing, then work again: the server set never changes, requests keep
+// being answered from it, and the failure is logged once when it starts
+// and once when it ends, not at every lookup.
+func TestFailedLookupKeepsLastServers(t *testing.T) {
+	a, b := startMemcached(t), startMemcached(t)
+	r := &fakeResolver{hosts: map[string][]string{}, srv: map[string][]*net.SRV{}}
+	r.srv["_memcached._tcp.cache.test"] = srvTo(r, a, b)
+	cfg := testConfig("dnssrv+_memcached._tcp.cache.test")
+	cfg.Resolver = r
+	cfg.DNSInterval = 10 * time.Millisecond
+	logs := &logLines{}
+	p, addr, _ := serveProxyLog(t, cfg, logs.logger())
+	c := newLineClient(t, addr)
+	first := p.upstreams()
+	want := orderServers([]string{a, b})
+	if !slices.Equal(first.names, want) {
+		t.Fatalf("servers %q, want %q", first.names, want)
+	}
+	check := func(stage string) {
+		t.Helper()
+		if got := p.upstreams(); got != first {
+			t.Fatalf("%s: server set changed to %q", stage, got.names)
+		}
+		for i := range 10 {
+			k := stage + ":" + strconv.Itoa(i)
+			k = strings.ReplaceAll(k, " ", "_")
+			if got := c.do("set " + k + " 0 0 1\r\nv\r\n"); got != "STORED\r\n" {
+				t.Errorf("%s: set %s answered %q", stage, k, got)
+			}
+			if got := c.do("get " + k + "\r\n"); got != "VALUE "+k+" 0 1\r\nv\r\nEND\r\n" {
+				t.Errorf("%s: get %s answered %q", stage, k, got)
+			}
+		}
+	}
+	// lookupsPass waits until the discovery loop has looked up n more times.
+	lookupsPass := func(n int) {
+		t.Helper()
+		from := r.lookups()
+		if !waitFor(5*time.Second, func() bool { return r.lookups() >= from+n }) {
+			t.Fatalf("discovery looked up %d times in 5s, want %d", r.lookups()-from, n)
+		}
+	}
+
+	r.change(func(r *fakeResolver) { r.err = errors.New("SERVFAIL") })
+	lookupsPass(10)
+	check("lookups failing")
+	r.change(func(r *fakeResolver) {
+		r.err = nil
+		r.srv["_memcached._tcp.cache.test"] = nil
+	})
+	lookupsPass(10)
+	check("lookups finding nothing")
+	if n := logs.count("upstream lookup failed; keeping the last servers"); n != 1 {
+		t.Errorf("logged %d lookup failures, want 1", n)
+	}
+	r.change(func(r *fakeResolver) { r.srv["_memcached._tcp.cache.test"] = srvTo(r, b, a) })
+	lookupsPass(10)
+	check("lookups working again")
+	if n := logs.count("upstream lookup works again"); n != 1 {
+		t.Errorf("logged %d recoveries, want 1", n)
+	}
+	if n := logs.count("upstream servers changed"); n != 0 {
+		t.Errorf("logged %d set changes, want none", n)
+	}
+}
