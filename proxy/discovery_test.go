@@ -80,6 +80,22 @@ func srvTo(r *fakeResolver, addrs ...string) []*net.SRV {
 	return recs
 }
 
+// srvProxy serves a proxy whose one upstream entry is an SRV name that
+// the returned resolver answers with the servers at addrs, looked up
+// again every interval. It returns a client connected to it and the
+// proxy's log.
+func srvProxy(t *testing.T, interval time.Duration, addrs ...string) (*Proxy, *fakeResolver, *logLines, *lineClient) {
+	t.Helper()
+	r := &fakeResolver{hosts: map[string][]string{}, srv: map[string][]*net.SRV{}}
+	r.srv["_memcached._tcp.cache.test"] = srvTo(r, addrs...)
+	cfg := testConfig("dnssrv+_memcached._tcp.cache.test")
+	cfg.Resolver = r
+	cfg.DNSInterval = interval
+	logs := &logLines{}
+	p, addr, _ := serveProxyLog(t, cfg, logs.logger())
+	return p, r, logs, newLineClient(t, addr)
+}
+
 // TestDiscoveryResolvesEntries checks what each kind of --upstream entry
 // becomes, with grafana/dskit's meanings: dns+ every A/AAAA record at the
 // entry's port, dnssrv+ the addresses of every SRV target at the record's
@@ -194,14 +210,7 @@ func TestDNSRecordsServeKeys(t *testing.T) {
 // pools and state, and a removed server is closed afterwards.
 func TestServerSetChangesUnderAnOpenConnection(t *testing.T) {
 	a, b, c3 := startMemcached(t), startMemcached(t), startMemcached(t)
-	r := &fakeResolver{hosts: map[string][]string{}, srv: map[string][]*net.SRV{}}
-	r.srv["_memcached._tcp.cache.test"] = srvTo(r, a, b)
-	cfg := testConfig("dnssrv+_memcached._tcp.cache.test")
-	cfg.Resolver = r
-	cfg.DNSInterval = 20 * time.Millisecond
-	logs := &logLines{}
-	p, addr, _ := serveProxyLog(t, cfg, logs.logger())
-	c := newLineClient(t, addr)
+	p, r, logs, c := srvProxy(t, 20*time.Millisecond, a, b)
 
 	keys := make([]string, 60)
 	for i := range keys {
@@ -273,14 +282,7 @@ func TestServerSetChangesUnderAnOpenConnection(t *testing.T) {
 // and once when it ends, not at every lookup.
 func TestFailedLookupKeepsLastServers(t *testing.T) {
 	a, b := startMemcached(t), startMemcached(t)
-	r := &fakeResolver{hosts: map[string][]string{}, srv: map[string][]*net.SRV{}}
-	r.srv["_memcached._tcp.cache.test"] = srvTo(r, a, b)
-	cfg := testConfig("dnssrv+_memcached._tcp.cache.test")
-	cfg.Resolver = r
-	cfg.DNSInterval = 10 * time.Millisecond
-	logs := &logLines{}
-	p, addr, _ := serveProxyLog(t, cfg, logs.logger())
-	c := newLineClient(t, addr)
+	p, r, logs, c := srvProxy(t, 10*time.Millisecond, a, b)
 	first := p.upstreams()
 	want := orderServers([]string{a, b})
 	if !slices.Equal(first.names, want) {

@@ -99,20 +99,7 @@ func deadUpstream(tb testing.TB) string {
 // receives every line a client sent it.
 func stuckUpstream(tb testing.TB) (string, <-chan string) {
 	tb.Helper()
-	lines := make(chan string, 1024)
-	addr, _ := fakeUpstream(tb, func(c net.Conn) {
-		br := bufio.NewReader(c)
-		for {
-			line, err := br.ReadString('\n')
-			if err != nil {
-				return
-			}
-			select {
-			case lines <- line:
-			default:
-			}
-		}
-	})
+	addr, lines, _ := stuckUntilReleased(tb, "") // never released
 	return addr, lines
 }
 
