@@ -291,9 +291,17 @@ func (p *Proxy) discover(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		old := p.upstreams()
+		var u *upstreams
+		var removed []*server
+		if err == nil && !slices.Equal(orderServers(names), old.names) {
+			// A server named by a host its client cannot resolve fails
+			// here, like a failed lookup.
+			u, removed, err = p.newUpstreams(names, old)
+		}
 		if err != nil {
 			if !failing {
-				p.log.Warn("upstream lookup failed; keeping the last servers", "err", err, "servers", p.upstreams().names)
+				p.log.Warn("upstream lookup failed; keeping the last servers", "err", err, "servers", old.names)
 			}
 			failing = true
 			continue
@@ -302,13 +310,7 @@ func (p *Proxy) discover(ctx context.Context) {
 			p.log.Info("upstream lookup works again")
 			failing = false
 		}
-		old := p.upstreams()
-		if slices.Equal(orderServers(names), old.names) {
-			continue
-		}
-		u, removed, err := p.newUpstreams(names, old)
-		if err != nil {
-			p.log.Error("upstream servers not changed", "err", err)
+		if u == nil {
 			continue
 		}
 		p.up.Store(u)
