@@ -224,8 +224,10 @@ func serveProxyLog(tb testing.TB, cfg Config, log *slog.Logger) (*Proxy, string,
 }
 
 // exchange sends each chunk of req to addr (pausing between chunks so they
-// arrive as separate reads), half-closes, and returns everything the server
-// wrote until it closed.
+// arrive as separate reads, and long enough that a loaded machine has
+// answered one chunk before the next: memcached drops replies it has not
+// sent yet when a later command in the same read closes the connection),
+// half-closes, and returns everything the server wrote until it closed.
 func exchange(tb testing.TB, addr string, chunks ...string) string {
 	tb.Helper()
 	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
@@ -241,7 +243,7 @@ func exchange(tb testing.TB, addr string, chunks ...string) string {
 	}()
 	for i, chunk := range chunks {
 		if i > 0 {
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond)
 		}
 		if _, err := io.WriteString(c, chunk); err != nil {
 			break // the server may close first, as after a framing error
