@@ -92,7 +92,9 @@ const (
 	// CodecSnappy stores a snappy block (github.com/golang/snappy, block
 	// format, not the framed stream).
 	CodecSnappy = 1
-	// codecPostings (2) is reserved for the postings-aware codec.
+	// CodecPostings stores a raw postings list as the gaps between its
+	// references (postings.go).
+	CodecPostings = 2
 )
 
 // Codec envelopes values and verifies envelopes. It holds only settings, so
@@ -102,6 +104,7 @@ type Codec struct {
 	prefixes   [][]byte
 	minSize    int
 	minSavings float64
+	postings   bool
 }
 
 // New returns a Codec for cfg, or the first reason cfg cannot work.
@@ -113,6 +116,7 @@ func New(cfg Config) (*Codec, error) {
 		mask:       1 << cfg.FlagBit,
 		minSize:    cfg.MinSize,
 		minSavings: cfg.MinSavings,
+		postings:   cfg.Postings,
 	}
 	for _, p := range cfg.Prefixes {
 		c.prefixes = append(c.prefixes, []byte(p))
@@ -128,9 +132,13 @@ func (c *Codec) FlagMask() uint32 { return c.mask }
 // prefix, or the flags use the reserved bit (which only an envelope can give
 // back). A caller also envelopes every value whose key it rewrote.
 func (c *Codec) ShouldEnvelope(key []byte, flags uint32) bool {
-	if flags&c.mask != 0 {
-		return true
-	}
+	return flags&c.mask != 0 || c.PostingsKey(key)
+}
+
+// PostingsKey reports whether the client key starts with one of the
+// configured prefixes, whose values are postings-bearing: the caller
+// envelopes them with AppendEncodePostings.
+func (c *Codec) PostingsKey(key []byte) bool {
 	for _, p := range c.prefixes {
 		if bytes.HasPrefix(key, p) {
 			return true
