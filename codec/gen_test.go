@@ -75,11 +75,14 @@ func genPostings(size int, seed uint64, jitter int) []byte {
 	out := make([]byte, 0, size)
 	ref := uint32(r.IntN(1 << 16))
 	gap := uint32(1 + r.IntN(64))
+	// Jumps shrink for lists long enough that they would overflow 32 bits
+	// (over about 80,000 references).
+	jump := min(1_000_000, (1<<32)/(size/4+1)*25)
 	for len(out)+4 <= size {
 		out = binary.BigEndian.AppendUint32(out, ref)
 		switch x := r.IntN(100); {
 		case x < 2:
-			ref += uint32(10_000 + r.IntN(1_000_000))
+			ref += uint32(10_000 + r.IntN(jump))
 		case x < 12:
 			gap = uint32(1 + r.IntN(64))
 			ref += gap

@@ -157,7 +157,13 @@ func putStream(out, v []byte, layout byte) int {
 	var prev uint32
 	for i := 0; i < len(v); i += 4 {
 		x := binary.BigEndian.Uint32(v[i:])
-		k += binary.PutUvarint(out[k:], uint64(x-prev))
+		// Most gaps take one byte: write it without the general loop.
+		if d := x - prev; d < 0x80 {
+			out[k] = byte(d)
+			k++
+		} else {
+			k += binary.PutUvarint(out[k:], uint64(d))
+		}
 		prev = x
 	}
 	return k
@@ -231,33 +237,62 @@ func appendPostings(dst []byte, n uint64, payload []byte) ([]byte, error) {
 // ascending references that fit the layout's width. The encoder only
 // writes such streams; anything else is refused rather than guessed at.
 func expandStream(out, stream []byte, layout byte, count int) bool {
-	width, top := 4, uint64(math.MaxUint32)
 	switch layout {
 	case layoutTSDB:
 		binary.BigEndian.PutUint32(out, uint32(count))
-		out = out[4:]
-	case layoutU64:
-		width, top = 8, math.MaxUint64
+		return expand32(out[4:4+4*count], stream)
+	case layoutU32:
+		return expand32(out[:4*count], stream)
 	}
+	return expand64(out[:8*count], stream)
+}
+
+// expand32 fills out with uint32 references; the loop is written apart
+// from expand64 because decoding spends its time here.
+func expand32(out, stream []byte) bool {
 	var prev uint64
-	for i := 0; i < count; i++ {
-		d, k := binary.Uvarint(stream)
+	j := 0
+	for i := 0; i < len(out); i += 4 {
+		// Most gaps take one byte: read it without the general loop.
+		var d uint64
+		if j < len(stream) && stream[j] < 0x80 {
+			d = uint64(stream[j])
+			j++
+		} else {
+			var k int
+			if d, k = binary.Uvarint(stream[j:]); k <= 0 {
+				return false
+			}
+			j += k
+		}
+		x := prev + d
+		if (d == 0 && i > 0) || d > math.MaxUint32 || x > math.MaxUint32 {
+			return false
+		}
+		binary.BigEndian.PutUint32(out[i:], uint32(x))
+		prev = x
+	}
+	return j == len(stream)
+}
+
+// expand64 fills out with uint64 references.
+func expand64(out, stream []byte) bool {
+	var prev uint64
+	j := 0
+	for i := 0; i < len(out); i += 8 {
+		d, k := binary.Uvarint(stream[j:])
 		if k <= 0 {
 			return false
 		}
-		stream = stream[k:]
+		j += k
 		x := prev + d
-		if (i > 0 && d == 0) || x < prev || x > top {
+		if (d == 0 && i > 0) || x < prev {
 			return false
 		}
-		if width == 8 {
-			binary.BigEndian.PutUint64(out[8*i:], x)
-		} else {
-			binary.BigEndian.PutUint32(out[4*i:], uint32(x))
-		}
+		binary.BigEndian.PutUint64(out[i:], x)
 		prev = x
 	}
-	return len(stream) == 0
+	return j == len(stream)
 }
 
 // uvarintLen32 and uvarintLen64 return the length of x as a uvarint: one
