@@ -9,6 +9,8 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"testing"
+
+	"mcsidecar/keyspace"
 )
 
 // rawPostings returns a TSDB-index-like postings list as big-endian uint32
@@ -144,4 +146,52 @@ func (rc *rawClient) get(key string) ([]byte, error) {
 		return nil, fmt.Errorf("after the value %q: %v", end, err)
 	}
 	return v[:size], nil
+}
+
+// TestPostingsCodecOnlyUnderPostingsKeys checks which keys' values the
+// postings codec may take: a key under --codec-prefixes and a rewritten key
+// of a scheme marked +postings do; a rewritten key of a scheme without
+// +postings keeps the generic codec. Every value reads back exactly.
+func TestPostingsCodecOnlyUnderPostingsKeys(t *testing.T) {
+	up := startMemcached(t)
+	cfg := keyspaceConfig(up)
+	cfg.Codec.Prefixes = []string{"P2:"}
+	cfg.Codec.Postings = true
+	cfg.Keys.Schemes = []string{"idx+postings=IDX:{tenant}:{ulid}:{1}", "plainidx=PIDX:{tenant}:{ulid}:{1}"}
+	_, addr := startProxy(t, cfg)
+	ks, err := keyspace.New(*cfg.Keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, direct := newRawClient(t, addr), newLineClient(t, up)
+	v := rawPostings(rand.New(rand.NewPCG(3, 4)), 400, 0)
+	tenant := testTenant("big", 260)
+	for _, tc := range []struct {
+		key   string
+		codec byte
+	}{
+		{"P2:tenant-1:" + testBlock + ":am9iOmFwaQ", 2},
+		{"IDX:" + tenant + ":" + testBlock + ":am9iOmFwaQ", 2},
+		{"PIDX:" + tenant + ":" + testBlock + ":am9iOmFwaQ", 0},
+	} {
+		req := []byte("set " + tc.key + " 0 0 " + strconv.Itoa(len(v)) + "\r\n" + string(v) + "\r\n")
+		if err := pc.roundTrip(req, "STORED"); err != nil {
+			t.Fatalf("%.20s: %v", tc.key, err)
+		}
+		k := tc.key
+		if ks.NeedsRewrite([]byte(k)) {
+			upKey, _, _ := ks.AppendRewrite(nil, []byte(k))
+			k = string(upKey)
+		}
+		_, data, ok := rawItem(t, direct, k)
+		if !ok {
+			t.Fatalf("%.20s: memcached holds nothing under %q", tc.key, k)
+		}
+		if c := data[0] & 0x0f; c != tc.codec {
+			t.Errorf("%.20s: upstream item of codec %d, want %d", tc.key, c, tc.codec)
+		}
+		if got, err := pc.get(tc.key); err != nil || !bytes.Equal(got, v) {
+			t.Errorf("%.20s: read back %d bytes, want %d (%v)", tc.key, len(got), len(v), err)
+		}
+	}
 }
