@@ -35,28 +35,32 @@ var benchInputs = []benchInput{
 func forEachInput(b *testing.B, run func(b *testing.B, v []byte)) {
 	for _, in := range benchInputs {
 		for _, size := range benchSizes {
-			v := in.gen(size, 1)
-			b.Run(fmt.Sprintf("%s/%dKiB", in.name, size>>10), func(b *testing.B) {
-				b.SetBytes(int64(len(v)))
-				b.ReportAllocs()
-				run(b, v)
-			})
+			runSized(b, fmt.Sprintf("%s/%dKiB", in.name, size>>10), in.gen(size, 1), run)
 		}
 	}
 }
 
+// runSized runs one sub-benchmark over v, its MB/s counted on v's length.
+func runSized(b *testing.B, name string, v []byte, run func(b *testing.B, v []byte)) {
+	b.Run(name, func(b *testing.B) {
+		b.SetBytes(int64(len(v)))
+		b.ReportAllocs()
+		run(b, v)
+	})
+}
+
 // BenchmarkEncode encodes as the proxy does under testKey, a
 // postings-bearing key: with AppendEncodePostings.
-func BenchmarkEncode(b *testing.B) {
+func BenchmarkEncode(b *testing.B) { forEachInput(b, benchEncode) }
+
+func benchEncode(b *testing.B, v []byte) {
 	c := newTestCodec(b, nil)
-	forEachInput(b, func(b *testing.B, v []byte) {
-		dst := make([]byte, 0, MaxEncodedLen(len(v)))
-		var stored []byte
-		for b.Loop() {
-			stored, _ = c.AppendEncodePostings(dst, testKey, false, 0, v)
-		}
-		b.ReportMetric(float64(len(stored))/float64(len(v)), "stored/value")
-	})
+	dst := make([]byte, 0, MaxEncodedLen(len(v)))
+	var stored []byte
+	for b.Loop() {
+		stored, _ = c.AppendEncodePostings(dst, testKey, false, 0, v)
+	}
+	b.ReportMetric(float64(len(stored))/float64(len(v)), "stored/value")
 }
 
 func BenchmarkEncodeBound(b *testing.B) {
@@ -71,29 +75,34 @@ func BenchmarkEncodeBound(b *testing.B) {
 
 // BenchmarkSnappyEncode is the yardstick: bare snappy.Encode into a reused
 // buffer.
-func BenchmarkSnappyEncode(b *testing.B) {
-	forEachInput(b, func(b *testing.B, v []byte) {
-		dst := make([]byte, snappy.MaxEncodedLen(len(v)))
-		var enc []byte
-		for b.Loop() {
-			enc = snappy.Encode(dst, v)
-		}
-		b.ReportMetric(float64(len(enc))/float64(len(v)), "stored/value")
-	})
+func BenchmarkSnappyEncode(b *testing.B) { forEachInput(b, benchSnappyEncode) }
+
+func benchSnappyEncode(b *testing.B, v []byte) {
+	dst := make([]byte, snappy.MaxEncodedLen(len(v)))
+	var enc []byte
+	for b.Loop() {
+		enc = snappy.Encode(dst, v)
+	}
+	b.ReportMetric(float64(len(enc))/float64(len(v)), "stored/value")
 }
 
-func BenchmarkDecode(b *testing.B) {
+// BenchmarkDecode decodes into a buffer reused as the proxy reuses its
+// own: after a first decode has sized it (a postings payload needs room
+// for its stream too), nothing is allocated.
+func BenchmarkDecode(b *testing.B) { forEachInput(b, benchDecode) }
+
+func benchDecode(b *testing.B, v []byte) {
 	c := newTestCodec(b, nil)
-	forEachInput(b, func(b *testing.B, v []byte) {
-		stored, sf := c.AppendEncodePostings(nil, testKey, false, 0, v)
-		// Room for the output and for a postings stream to decompress.
-		dst := make([]byte, 0, 2*len(v))
-		for b.Loop() {
-			if _, _, err := c.AppendDecode(dst, testKey, false, sf, stored); err != nil {
-				b.Fatal(err)
-			}
+	stored, sf := c.AppendEncodePostings(nil, testKey, false, 0, v)
+	dst, _, err := c.AppendDecode(nil, testKey, false, sf, stored)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, _, err := c.AppendDecode(dst[:0], testKey, false, sf, stored); err != nil {
+			b.Fatal(err)
 		}
-	})
+	}
 }
 
 // BenchmarkDecodeFresh decodes into nil, as a caller without a buffer to
@@ -110,16 +119,16 @@ func BenchmarkDecodeFresh(b *testing.B) {
 	})
 }
 
-func BenchmarkSnappyDecode(b *testing.B) {
-	forEachInput(b, func(b *testing.B, v []byte) {
-		enc := snappy.Encode(nil, v)
-		dst := make([]byte, len(v))
-		for b.Loop() {
-			if _, err := snappy.Decode(dst, enc); err != nil {
-				b.Fatal(err)
-			}
+func BenchmarkSnappyDecode(b *testing.B) { forEachInput(b, benchSnappyDecode) }
+
+func benchSnappyDecode(b *testing.B, v []byte) {
+	enc := snappy.Encode(nil, v)
+	dst := make([]byte, len(v))
+	for b.Loop() {
+		if _, err := snappy.Decode(dst, enc); err != nil {
+			b.Fatal(err)
 		}
-	})
+	}
 }
 
 // Postings benchmarks measure the postings codec on raw postings lists of
@@ -130,64 +139,11 @@ var postingsRefs = []int{100, 10_000, 1_000_000}
 
 func forEachPostings(b *testing.B, run func(b *testing.B, v []byte)) {
 	for _, refs := range postingsRefs {
-		v := postingsRuns(4*refs, 1)
-		b.Run(fmt.Sprintf("refs=%d", refs), func(b *testing.B) {
-			b.SetBytes(int64(len(v)))
-			b.ReportAllocs()
-			run(b, v)
-		})
+		runSized(b, fmt.Sprintf("refs=%d", refs), postingsRuns(4*refs, 1), run)
 	}
 }
 
-func BenchmarkPostingsEncode(b *testing.B) {
-	c := newTestCodec(b, nil)
-	forEachPostings(b, func(b *testing.B, v []byte) {
-		dst := make([]byte, 0, MaxEncodedLen(len(v)))
-		var stored []byte
-		for b.Loop() {
-			stored, _ = c.AppendEncodePostings(dst, testKey, false, 0, v)
-		}
-		b.ReportMetric(float64(len(stored))/float64(len(v)), "stored/value")
-	})
-}
-
-// BenchmarkPostingsDecode decodes into a buffer reused as the proxy reuses
-// its own: after the first decode, nothing is allocated.
-func BenchmarkPostingsDecode(b *testing.B) {
-	c := newTestCodec(b, nil)
-	forEachPostings(b, func(b *testing.B, v []byte) {
-		stored, sf := c.AppendEncodePostings(nil, testKey, false, 0, v)
-		dst, _, err := c.AppendDecode(nil, testKey, false, sf, stored)
-		if err != nil {
-			b.Fatal(err)
-		}
-		for b.Loop() {
-			if _, _, err := c.AppendDecode(dst[:0], testKey, false, sf, stored); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-}
-
-func BenchmarkPostingsSnappyEncode(b *testing.B) {
-	forEachPostings(b, func(b *testing.B, v []byte) {
-		dst := make([]byte, snappy.MaxEncodedLen(len(v)))
-		var enc []byte
-		for b.Loop() {
-			enc = snappy.Encode(dst, v)
-		}
-		b.ReportMetric(float64(len(enc))/float64(len(v)), "stored/value")
-	})
-}
-
-func BenchmarkPostingsSnappyDecode(b *testing.B) {
-	forEachPostings(b, func(b *testing.B, v []byte) {
-		enc := snappy.Encode(nil, v)
-		dst := make([]byte, len(v))
-		for b.Loop() {
-			if _, err := snappy.Decode(dst, enc); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-}
+func BenchmarkPostingsEncode(b *testing.B)       { forEachPostings(b, benchEncode) }
+func BenchmarkPostingsDecode(b *testing.B)       { forEachPostings(b, benchDecode) }
+func BenchmarkPostingsSnappyEncode(b *testing.B) { forEachPostings(b, benchSnappyEncode) }
+func BenchmarkPostingsSnappyDecode(b *testing.B) { forEachPostings(b, benchSnappyDecode) }
