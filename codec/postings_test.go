@@ -406,3 +406,22 @@ func postingsRatio(t testing.TB, lists int, gen func(size int, seed uint64) []by
 	f := func(n int) float64 { return float64(n) / float64(raw) }
 	return raw, f(noneN), f(snapN), f(streamN), f(postN)
 }
+
+func TestPostingsWithCompressedMagicLeftAlone(t *testing.T) {
+	// A list whose first bytes read "dm" (Mimir's own encoding) is left
+	// as the client's already compressed value would be: never tried.
+	c := newTestCodec(t, nil)
+	refs := make([]uint32, 100)
+	for i := range refs {
+		refs[i] = 0x646d0000 + uint32(i)
+	}
+	v := u32s(refs...)
+	if _, ok := detectPostings(v); !ok {
+		t.Fatal("the list is not detected at all")
+	}
+	got, _ := c.AppendEncodePostings(nil, testKey, false, 0, v)
+	want, _ := c.AppendEncode(nil, testKey, false, 0, v)
+	if !bytes.Equal(got, want) || codecOf(got) != CodecNone {
+		t.Fatalf("stored with codec %d, want as is", codecOf(got))
+	}
+}
