@@ -149,9 +149,11 @@ func (c *Codec) appendEncode(dst, key []byte, bindKey bool, flags uint32, value 
 // the upstream key is a rewrite of key. stored must not overlap dst's spare
 // capacity.
 //
-// The output is sized once from the recorded decoded length: with room
-// enough in dst, AppendDecode allocates nothing, and otherwise only the
-// output buffer. On error dst is returned as it was.
+// The output is sized once from the recorded decoded length (for a
+// postings payload whose stream is snappy-compressed, plus the stream's
+// recorded length, to decompress it into): with room enough in dst,
+// AppendDecode allocates nothing, and otherwise only the output buffer. On
+// error dst is returned as it was.
 func (c *Codec) AppendDecode(dst, key []byte, bindKey bool, storedFlags uint32, stored []byte) (value []byte, flags uint32, err error) {
 	if storedFlags&c.mask == 0 || len(stored) < minEnvelope {
 		return dst, 0, ErrBadHeader
