@@ -84,8 +84,7 @@
 // one of Config.Prefixes, or the caller knows it from its key scheme) a
 // value that is a raw postings list is also tried with the postings codec,
 // wherever snappy would be tried (the same minimum size, magic bytes and
-// savings checks). A raw
-// postings list is, exactly:
+// savings checks). A raw postings list is, exactly:
 //
 //	layout  bytes
 //	0 tsdb  4-byte big-endian count c, then c big-endian uint32 references

@@ -38,8 +38,8 @@ type Config struct {
 	MinSavings float64
 	// Postings stores raw postings lists under postings-bearing keys with
 	// the postings codec (id 2) when that takes fewest bytes. Proxies of
-	// an older version read such items as misses (unknown codec), so it
-	// is turned on only once every proxy reading the upstreams knows it.
+	// an older version read such items as misses (unknown codec): keep it
+	// off while one of them still reads the same upstreams.
 	Postings bool
 	// DeleteCorrupt asks the proxy to delete an item upstream when its
 	// envelope is refused for a reason that is Damaged. The codec itself
