@@ -28,8 +28,8 @@
 //	                1 snappy: the rest of a snappy block; the length field
 //	                          above is the block's own preamble, so length and
 //	                          payload together are one snappy block
-//	                2:        reserved for the postings codec (delta + varint,
-//	                          then snappy)
+//	                2 postings: one form byte, then the list's uvarint
+//	                          stream, or a snappy block of it (see below)
 //	                3-15:     reserved
 //
 // The CRC-32C input is the client's flags as 4 little-endian bytes, then the
@@ -78,6 +78,49 @@
 // incompressible megabyte costs one block of snappy, not a megabyte. A bare
 // snappy block has no magic: the savings check is what leaves one alone.
 //
+// # Postings codec
+//
+// Under a postings-bearing key (AppendEncodePostings: the key starts with
+// one of Config.Prefixes, or the caller knows it from its key scheme) a
+// value that is a raw postings list is also tried with the postings codec,
+// wherever snappy would be tried (the same minimum size, magic bytes and
+// savings checks). A raw postings list is, exactly:
+//
+//	layout  bytes
+//	0 tsdb  4-byte big-endian count c, then c big-endian uint32 references
+//	1 u32   big-endian uint32 references (length a multiple of 4, not 0)
+//	2 u64   big-endian uint64 references (length a multiple of 8, not 0)
+//
+// with the references strictly ascending. Detection reads the value once,
+// four bytes at a time, and stops as soon as no layout fits; when a value
+// reads as more than one layout, the one with the shortest stream is used
+// (ties: tsdb, u32, u64). The payload is:
+//
+//	offset  size  field
+//	0       1     form: bits 1-0 layout, bit 2 S (the stream is a snappy
+//	              block), bits 7-3 zero
+//	1       ...   the stream: the first reference, then each gap to the next
+//	              reference, as uvarints (S = 0); or a snappy block of it
+//	              (S = 1), kept only when shorter
+//
+// The number of references is not stored: the decoded length n and the
+// layout give it (n/4, n/8, or (n-4)/4 after the count, which decoding
+// writes back). Decoding refuses, before sizing any memory, a length that
+// is no whole list in the layout, a stream shorter than one byte per
+// reference or longer than ten, and a snappy stream longer than its block
+// can expand to; then it refuses a stream with a gap of zero, a reference
+// over the layout's width, or bytes left over. Its output buffer holds n
+// bytes plus, for S = 1, the stream decompressed behind them.
+//
+// The envelope keeps whichever of postings, snappy and none takes fewest
+// bytes (a compressed form must also save Config.MinSavings). The list is
+// tried only when its uvarint stream is shorter than the value, which
+// bounds the room encoding needs (MaxEncodedLen). Any value that is not a
+// raw postings list, or is stored with AppendEncode, is enveloped exactly
+// as before the postings codec existed. Proxies without it read codec-2
+// items as refused (ReasonUnknownCodec), a miss: turn Config.Postings off
+// while any of them still reads the upstreams.
+//
 // Changing the reserved bit, like changing the format, needs the upstreams
 // flushed: items written under the old bit would pass through as plain
 // values.
@@ -92,7 +135,9 @@ const (
 	// CodecSnappy stores a snappy block (github.com/golang/snappy, block
 	// format, not the framed stream).
 	CodecSnappy = 1
-	// codecPostings (2) is reserved for the postings-aware codec.
+	// CodecPostings stores a raw postings list as the gaps between its
+	// references (postings.go).
+	CodecPostings = 2
 )
 
 // Codec envelopes values and verifies envelopes. It holds only settings, so
@@ -102,6 +147,7 @@ type Codec struct {
 	prefixes   [][]byte
 	minSize    int
 	minSavings float64
+	postings   bool
 }
 
 // New returns a Codec for cfg, or the first reason cfg cannot work.
@@ -113,6 +159,7 @@ func New(cfg Config) (*Codec, error) {
 		mask:       1 << cfg.FlagBit,
 		minSize:    cfg.MinSize,
 		minSavings: cfg.MinSavings,
+		postings:   cfg.Postings,
 	}
 	for _, p := range cfg.Prefixes {
 		c.prefixes = append(c.prefixes, []byte(p))
@@ -128,9 +175,13 @@ func (c *Codec) FlagMask() uint32 { return c.mask }
 // prefix, or the flags use the reserved bit (which only an envelope can give
 // back). A caller also envelopes every value whose key it rewrote.
 func (c *Codec) ShouldEnvelope(key []byte, flags uint32) bool {
-	if flags&c.mask != 0 {
-		return true
-	}
+	return flags&c.mask != 0 || c.PostingsKey(key)
+}
+
+// PostingsKey reports whether the client key starts with one of the
+// configured prefixes, whose values are postings-bearing: the caller
+// envelopes them with AppendEncodePostings.
+func (c *Codec) PostingsKey(key []byte) bool {
 	for _, p := range c.prefixes {
 		if bytes.HasPrefix(key, p) {
 			return true

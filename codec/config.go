@@ -36,6 +36,11 @@ type Config struct {
 	// MinSavings is the fraction of a value's size that compressing must
 	// save for the compressed form to be stored.
 	MinSavings float64
+	// Postings stores raw postings lists under postings-bearing keys with
+	// the postings codec (id 2) when that takes fewest bytes. Proxies of
+	// an older version read such items as misses (unknown codec): keep it
+	// off while one of them still reads the same upstreams.
+	Postings bool
 	// DeleteCorrupt asks the proxy to delete an item upstream when its
 	// envelope is refused for a reason that is Damaged. The codec itself
 	// never acts on it.
@@ -51,6 +56,8 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 		"key prefixes whose values are compressed, checksummed and bound to their key; give the whole list to add one (e.g. --codec-prefixes=P2:,E2:,SP2:,P:,E:,EP:,SP:,S: adds series), or an empty list to envelope none by prefix")
 	fs.IntVar(&c.MinSize, "codec-min-size", 64, "smallest enveloped value (bytes) worth trying to compress with snappy")
 	fs.Float64Var(&c.MinSavings, "codec-min-savings", 0.1, "fraction of its size that compressing must save for a value to be stored compressed (0-1; 1 never compresses)")
+	fs.BoolVar(&c.Postings, "codec-postings", true,
+		"store raw postings lists (TSDB count-prefixed, or ascending big-endian uint32/uint64 arrays) under postings-bearing keys as delta uvarints then snappy, when that takes fewest bytes; turn off while proxies without this codec still read the same upstreams (they see those items as misses)")
 	fs.BoolVar(&c.DeleteCorrupt, "codec-delete-corrupt", false,
 		"also delete an item upstream when its envelope is damaged (it is a miss either way, and the client's refill overwrites it); items of another key or a newer format are never deleted")
 }

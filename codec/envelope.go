@@ -47,8 +47,22 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // overlap dst's spare capacity.
 //
 // dst grows at most once, to the exact size the chosen codec can need; with
-// room enough, AppendEncode allocates nothing.
+// room enough (MaxEncodedLen), AppendEncode allocates nothing.
 func (c *Codec) AppendEncode(dst, key []byte, bindKey bool, flags uint32, value []byte) (out []byte, storedFlags uint32) {
+	return c.appendEncode(dst, key, bindKey, flags, value, false)
+}
+
+// AppendEncodePostings is AppendEncode for a value stored under a
+// postings-bearing key: when the value is a raw postings list and
+// Config.Postings is on, the postings codec is tried too, and the envelope
+// holds whichever of the postings codec, snappy and the value as it is
+// takes fewest bytes. Any other value is enveloped exactly as AppendEncode
+// does.
+func (c *Codec) AppendEncodePostings(dst, key []byte, bindKey bool, flags uint32, value []byte) (out []byte, storedFlags uint32) {
+	return c.appendEncode(dst, key, bindKey, flags, value, c.postings)
+}
+
+func (c *Codec) appendEncode(dst, key []byte, bindKey bool, flags uint32, value []byte, postings bool) (out []byte, storedFlags uint32) {
 	storedFlags = flags | c.mask
 	hdr := byte(version << versionShift)
 	if flags&c.mask != 0 {
@@ -68,18 +82,47 @@ func (c *Codec) AppendEncode(dst, key []byte, bindKey bool, flags uint32, value 
 	if compress {
 		need = max(need, lenAt+maxSnappyLen(n))
 	}
+	// A postings list is encoded first, at lenAt; snappy then writes
+	// behind the room the postings codec took, so that the shorter of
+	// the two can be kept. The list is tried only if its uvarint stream
+	// is shorter than the value, which bounds the room.
+	var pl postingsList
+	tryPostings := false
+	snappyAt := lenAt
+	if postings && compress {
+		pl, tryPostings = detectPostings(value)
+		tryPostings = tryPostings && pl.streamLen < n
+	}
+	if tryPostings {
+		snappyAt = lenAt + postingsRoom(n, pl.streamLen)
+		need = max(need, snappyAt+maxSnappyLen(n))
+	}
 	dst = grow(dst, need)[:start+lenAt]
 	if bindKey {
 		sum := blake2b.Sum256(key)
 		copy(dst[start+bindOffset:], sum[:bindingLen])
 	}
 
+	// body is how many bytes follow lenAt in the best form found so far;
+	// a compressed form is kept only if it saves the configured fraction.
 	codec := byte(CodecNone)
+	body := plain - lenAt
+	limit := body - c.requiredSavings(n)
+	if tryPostings {
+		if m := c.encodePostings(dst[start+lenAt:start+snappyAt], value, pl); m <= limit {
+			codec, body = CodecPostings, m
+		}
+	}
+	if codec == CodecNone {
+		snappyAt = lenAt
+	}
 	if compress {
-		enc := c.encodeSnappy(dst[start+lenAt:start+need], value)
-		if enc > 0 && enc <= plain-lenAt-c.requiredSavings(n) {
-			dst = dst[:start+lenAt+enc]
-			codec = CodecSnappy
+		enc := c.encodeSnappy(dst[start+snappyAt:start+snappyAt+maxSnappyLen(n)], value)
+		if enc > 0 && enc <= limit && enc < body {
+			if snappyAt != lenAt {
+				copy(dst[start+lenAt:], dst[start+snappyAt:start+snappyAt+enc])
+			}
+			codec, body = CodecSnappy, enc
 		}
 	}
 	hdr |= codec
@@ -92,6 +135,7 @@ func (c *Codec) AppendEncode(dst, key []byte, bindKey bool, flags uint32, value 
 		sum = checksum(flags, key, dst[start:], value)
 		dst = append(dst, value...)
 	} else {
+		dst = dst[:start+lenAt+body]
 		sum = checksum(flags, key, dst[start:], nil)
 	}
 	binary.LittleEndian.PutUint32(dst[start+crcOffset:], sum)
@@ -105,9 +149,11 @@ func (c *Codec) AppendEncode(dst, key []byte, bindKey bool, flags uint32, value 
 // the upstream key is a rewrite of key. stored must not overlap dst's spare
 // capacity.
 //
-// The output is sized once from the recorded decoded length: with room
-// enough in dst, AppendDecode allocates nothing, and otherwise only the
-// output buffer. On error dst is returned as it was.
+// The output is sized once from the recorded decoded length (for a
+// postings payload whose stream is snappy-compressed, plus the stream's
+// recorded length, to decompress it into): with room enough in dst,
+// AppendDecode allocates nothing, and otherwise only the output buffer. On
+// error dst is returned as it was.
 func (c *Codec) AppendDecode(dst, key []byte, bindKey bool, storedFlags uint32, stored []byte) (value []byte, flags uint32, err error) {
 	if storedFlags&c.mask == 0 || len(stored) < minEnvelope {
 		return dst, 0, ErrBadHeader
@@ -163,6 +209,12 @@ func (c *Codec) AppendDecode(dst, key []byte, bindKey bool, storedFlags uint32, 
 			return dst, 0, ErrLengthMismatch
 		}
 		return out, flags, nil
+	case CodecPostings:
+		out, err := appendPostings(dst, n, payload)
+		if err != nil {
+			return dst, 0, err
+		}
+		return out, flags, nil
 	}
 	return dst, 0, ErrUnknownCodec
 }
@@ -179,11 +231,13 @@ const (
 	snappyHeadroom = 64
 )
 
-// MaxEncodedLen returns the most bytes AppendEncode may need for a value of
-// n bytes, bound or not: a dst with that much spare capacity is never grown.
-// The envelope itself is never longer than n+MaxHeaderLen.
+// MaxEncodedLen returns the most bytes AppendEncode or AppendEncodePostings
+// may need for a value of n bytes, bound or not: a dst with that much spare
+// capacity is never grown. The most is the postings codec's, whose stream
+// is tried only when shorter than n, followed by snappy's room. The envelope
+// itself is never longer than n+MaxHeaderLen.
 func MaxEncodedLen(n int) int {
-	return MaxHeaderLen + max(n, maxSnappyLen(n))
+	return MaxHeaderLen + 1 + n + 2*maxSnappyLen(n)
 }
 
 // maxSnappyLen is the room encodeSnappy needs for a value of n bytes.

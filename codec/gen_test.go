@@ -54,23 +54,42 @@ func seriesPayload(size int, seed uint64) []byte {
 
 // postingsPayload returns size bytes (rounded down to whole references) of
 // a raw postings list: strictly ascending series references as big-endian
-// uint32, runs of near-constant gaps with occasional large jumps. Snappy
-// alone saves nothing on it; the codec must notice and store it as it is.
+// uint32, runs of near-constant gaps (each gap varies by up to 2) with
+// occasional large jumps. Snappy alone saves nothing on it.
 func postingsPayload(size int, seed uint64) []byte {
+	return genPostings(size, seed, 3)
+}
+
+// postingsRuns is postingsPayload with gaps exactly constant within a run,
+// the shape of the measurement (uvarints take 26 % of the raw size,
+// snappy halves that): adjacent series entries of equal size.
+func postingsRuns(size int, seed uint64) []byte {
+	return genPostings(size, seed, 0)
+}
+
+// genPostings generates a raw postings list whose gaps vary by up to
+// jitter-1 within a run; a run ends with a new gap (10 %) or a jump to
+// another range of series (2 %).
+func genPostings(size int, seed uint64, jitter int) []byte {
 	r := rand.New(rand.NewPCG(seed, 0x9057))
 	out := make([]byte, 0, size)
 	ref := uint32(r.IntN(1 << 16))
 	gap := uint32(1 + r.IntN(64))
+	// Jumps shrink for lists long enough that they would overflow 32 bits
+	// (over about 80,000 references).
+	jump := min(1_000_000, (1<<32)/(size/4+1)*25)
 	for len(out)+4 <= size {
 		out = binary.BigEndian.AppendUint32(out, ref)
 		switch x := r.IntN(100); {
 		case x < 2:
-			ref += uint32(10_000 + r.IntN(1_000_000))
+			ref += uint32(10_000 + r.IntN(jump))
 		case x < 12:
 			gap = uint32(1 + r.IntN(64))
 			ref += gap
+		case jitter > 0:
+			ref += gap + uint32(r.IntN(jitter))
 		default:
-			ref += gap + uint32(r.IntN(3))
+			ref += gap
 		}
 	}
 	return out

@@ -36,8 +36,28 @@ func (c *conn) envelopes(key []byte, flags uint32) bool {
 // valid until the next encode.
 func (c *conn) encode(key []byte, bind bool, flags uint32, value []byte) ([]byte, uint32) {
 	var storedFlags uint32
-	c.enc, storedFlags = c.p.codec.AppendEncode(c.enc[:0], key, bind, flags, value)
+	if c.postingsKey(key) {
+		c.enc, storedFlags = c.p.codec.AppendEncodePostings(c.enc[:0], key, bind, flags, value)
+	} else {
+		c.enc, storedFlags = c.p.codec.AppendEncode(c.enc[:0], key, bind, flags, value)
+	}
 	return c.enc, storedFlags
+}
+
+// postingsKey reports whether values under the client key may be raw
+// postings lists, which the postings codec stores at a fraction of their
+// size: the key starts with one of --codec-prefixes, or it matches a key
+// scheme marked +postings. Under any other key the postings codec is never
+// tried, so that no other value is stored differently.
+func (c *conn) postingsKey(key []byte) bool {
+	if c.p.codec.PostingsKey(key) {
+		return true
+	}
+	if c.p.keys == nil {
+		return false
+	}
+	s, ok := c.p.keys.SchemeOf(key)
+	return ok && s.Postings
 }
 
 // countStored adds an enveloped write to the byte counters.
