@@ -21,6 +21,12 @@ const (
 // errQuit closes a connection after its pending replies are written.
 var errQuit = errors.New("quit")
 
+// writers holds the reply buffers of connections that wait for a request:
+// a connection takes one when a request arrives and puts it back once its
+// replies are written, so a thousand idle clients do not hold 16 MiB of
+// empty buffers.
+var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, writeBufferSize) }}
+
 // conn is one client connection. Everything it needs per request is kept
 // here and reused, so a steady stream of requests allocates little beyond
 // what gomemcache itself does.
@@ -61,7 +67,7 @@ type keyOwner struct {
 
 func newConn(p *Proxy, nc net.Conn) *conn {
 	cc := &countingConn{Conn: nc, stats: p.stats}
-	c := &conn{p: p, nc: nc, cc: cc, wr: bufio.NewWriterSize(cc, writeBufferSize)}
+	c := &conn{p: p, nc: nc, cc: cc}
 	c.rd = newReader(cc, readBufferSize, int(p.cfg.MaxRequestLine), c.flush)
 	c.words = make([][]byte, 0, maxTokens)
 	c.calls = make([]*getCall, len(p.servers))
@@ -74,7 +80,7 @@ func newConn(p *Proxy, nc net.Conn) *conn {
 // flush writes buffered replies. The reader calls it before any read that
 // may block, so replies to a pipelined batch leave in one write.
 func (c *conn) flush() error {
-	if c.wr.Buffered() == 0 {
+	if c.wr == nil || c.wr.Buffered() == 0 {
 		return nil
 	}
 	return c.wr.Flush()
@@ -84,6 +90,8 @@ func (c *conn) flush() error {
 // proxy shuts down.
 func (c *conn) serve() {
 	defer c.nc.Close()
+	defer c.putWriter()
+	c.startIdleClock()
 	for {
 		line, err := c.rd.line()
 		if err == errNeedMore {
@@ -91,10 +99,15 @@ func (c *conn) serve() {
 				c.flush()
 				return
 			}
+			if c.flush() != nil {
+				return
+			}
+			c.putWriter()
 			c.busy.Store(false)
 			err = c.rd.fill()
 			c.markBusy()
 			if err != nil {
+				c.idleClosed(err)
 				return
 			}
 			continue
@@ -104,9 +117,13 @@ func (c *conn) serve() {
 			return
 		}
 		if err := c.dispatch(line); err != nil {
-			c.flush()
+			// A data block that did not arrive in time is idleness too.
+			if !c.idleClosed(err) {
+				c.flush()
+			}
 			return
 		}
+		c.startIdleClock()
 		// A client that is gone gets no more work done for it: memcached
 		// stops at the first failed write too.
 		if c.cc.failed.Load() {
@@ -139,15 +156,29 @@ func (c *conn) shrink() {
 	c.rd.shrink()
 }
 
-// markBusy records that the connection is handling a request. During a
+// markBusy records that the connection is handling a request and gives it
+// a reply buffer. During a
 // shutdown it also lifts a read deadline that wakeIfIdle may have set just
 // as the request arrived, so the request can still read its data block.
 func (c *conn) markBusy() {
+	if c.wr == nil {
+		c.wr = writers.Get().(*bufio.Writer)
+		c.wr.Reset(c.cc)
+	}
 	c.busy.Store(true)
 	if c.p.draining() {
 		c.wakeMu.Lock()
 		c.nc.SetReadDeadline(time.Time{})
 		c.wakeMu.Unlock()
+	}
+}
+
+// putWriter returns the reply buffer, empty, to the pool.
+func (c *conn) putWriter() {
+	if c.wr != nil {
+		c.wr.Reset(nil)
+		writers.Put(c.wr)
+		c.wr = nil
 	}
 }
 

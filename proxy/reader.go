@@ -122,7 +122,9 @@ func (rd *reader) data(n int) ([]byte, error) {
 		rd.r += n
 		return b, nil
 	}
-	out := make([]byte, 0, min(n, 4*len(rd.buf)))
+	// One buffer's worth to start with: a client that claims 2 MiB and
+	// sends ten bytes costs 16 KiB, not 2 MiB (nor 64 KiB per connection).
+	out := make([]byte, 0, len(rd.buf))
 	for len(out) < n {
 		if rd.r == rd.w {
 			rd.r, rd.w = 0, 0
