@@ -32,7 +32,7 @@ type Config struct {
 	MaxRequestLine ByteSize
 	// MaxConnections is the most client connections served at once; 0 is
 	// no limit. IdleTimeout closes a client connection that completes no
-	// request for that long; 0 never does.
+	// request, or takes none of its replies, for that long; 0 never does.
 	MaxConnections int
 	IdleTimeout    time.Duration
 
@@ -85,7 +85,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	c.MaxRequestLine = 1 << 20
 	fs.Var(&c.MaxRequestLine, "max-request-line", "longest retrieval command line (other lines follow memcached's 2048-byte framing)")
 	fs.IntVar(&c.MaxConnections, "max-connections", 4096, "most client connections at once, like memcached's -c; one more is answered \"ERROR Too many open connections\" and closed (0: no limit)")
-	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 0, "close a client connection that completes no request for this long, like memcached's idle_timeout (0: never)")
+	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 0, "close a client connection that completes no request, or takes none of its replies, for this long, like memcached's idle_timeout (0: never)")
 	c.TLS.registerFlags(fs)
 	c.UpstreamTLS.registerFlags(fs)
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -66,7 +67,7 @@ type keyOwner struct {
 }
 
 func newConn(p *Proxy, nc net.Conn) *conn {
-	cc := &countingConn{Conn: nc, stats: p.stats}
+	cc := &countingConn{Conn: nc, stats: p.stats, writeTimeout: p.cfg.IdleTimeout}
 	c := &conn{p: p, nc: nc, cc: cc}
 	c.rd = newReader(cc, readBufferSize, int(p.cfg.MaxRequestLine), c.flush)
 	c.words = make([][]byte, 0, maxTokens)
@@ -240,11 +241,13 @@ func forwardable(key []byte) bool {
 func (c *conn) serverFor(key string) int { return c.p.sel.pick(key) }
 
 // countingConn counts the bytes a client sends and receives for stats, and
-// remembers whether a write failed.
+// remembers whether a write failed. With an idle timeout, a client that
+// takes none of its replies for that long is idle too: its write fails.
 type countingConn struct {
 	net.Conn
-	stats  *stats
-	failed atomic.Bool
+	stats        *stats
+	writeTimeout time.Duration
+	failed       atomic.Bool
 }
 
 func (cc *countingConn) Read(b []byte) (int, error) {
@@ -254,9 +257,15 @@ func (cc *countingConn) Read(b []byte) (int, error) {
 }
 
 func (cc *countingConn) Write(b []byte) (int, error) {
+	if cc.writeTimeout > 0 {
+		cc.Conn.SetWriteDeadline(time.Now().Add(cc.writeTimeout))
+	}
 	n, err := cc.Conn.Write(b)
 	cc.stats.bytesWritten.Add(uint64(n))
 	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			cc.stats.connsIdleClosed.Add(1)
+		}
 		cc.failed.Store(true)
 	}
 	return n, err

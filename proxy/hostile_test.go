@@ -508,3 +508,47 @@ func raiseFileLimit(t *testing.T) uint64 {
 	}
 	return lim.Cur
 }
+
+// TestIdleTimeoutClosesAClientThatReadsNoReplies pipelines gets of a
+// 512 KiB value, 50 MiB of replies in all, and never reads: once the
+// socket buffers are full the proxy's write waits, and after the idle
+// timeout the connection is closed and counted, so a client that takes no
+// replies cannot hold a connection forever.
+func TestIdleTimeoutClosesAClientThatReadsNoReplies(t *testing.T) {
+	cfg := testConfig(startMemcached(t))
+	cfg.IdleTimeout = 500 * time.Millisecond
+	_, addr := startProxy(t, cfg)
+	value := strings.Repeat("v", 512<<10)
+	setter := newLineClient(t, addr)
+	if got := setter.do("set big 0 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\n"); got != "STORED\r\n" {
+		t.Fatalf("set answered %q", got)
+	}
+	setter.c.Close()
+	// Each check on a connection of its own, closed before it can idle.
+	stat := func(name string) uint64 {
+		lc := newLineClient(t, addr)
+		defer lc.c.Close()
+		return lc.stat(name)
+	}
+
+	deaf := dial(t, addr)
+	deaf.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(deaf, strings.Repeat("get big\r\n", 100)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for stat("idle_kicks") < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a client that reads no replies is still open 10s later (idle_kicks %d)", stat("idle_kicks"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The connection is gone: what the client can still read ends.
+	n, err := io.Copy(io.Discard, deaf)
+	if err != nil || n >= int64(100*len(value)) {
+		t.Errorf("the client read %d bytes (%v), want fewer than all replies and then EOF", n, err)
+	}
+	if got := stat("idle_kicks"); got != 1 {
+		t.Errorf("idle_kicks = %d, want 1", got)
+	}
+}

@@ -37,9 +37,11 @@ func (c *conn) startIdleClock() {
 }
 
 // idleClosed reports whether err ended the connection because the idle
-// clock ran out, and counts it. A deadline set by a shutdown is not one.
+// clock ran out, and counts it. A deadline set by a shutdown is not one,
+// and a write that timed out (the client took no replies) was counted
+// where it failed: the reader passes on the error of the flush it made.
 func (c *conn) idleClosed(err error) bool {
-	if c.p.cfg.IdleTimeout <= 0 || c.p.draining() || !errors.Is(err, os.ErrDeadlineExceeded) {
+	if c.p.cfg.IdleTimeout <= 0 || c.p.draining() || c.cc.failed.Load() || !errors.Is(err, os.ErrDeadlineExceeded) {
 		return false
 	}
 	c.p.stats.connsIdleClosed.Add(1)
