@@ -104,6 +104,7 @@ func (c *conn) serve() {
 				return
 			}
 			c.putWriter()
+			c.rd.park()
 			c.busy.Store(false)
 			err = c.rd.fill()
 			c.markBusy()

@@ -143,6 +143,7 @@ func FuzzReader(f *testing.F) {
 					pos += nl + 1
 				case err == errNeedMore:
 					before := src.off
+					rd.park() // as a connection does before it waits
 					err := rd.fill()
 					switch {
 					case err == nil:
