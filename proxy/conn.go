@@ -92,6 +92,7 @@ func (c *conn) flush() error {
 func (c *conn) serve() {
 	defer c.nc.Close()
 	defer c.putWriter()
+	defer c.rd.release()
 	c.startIdleClock()
 	for {
 		line, err := c.rd.line()

@@ -76,6 +76,13 @@ func (rd *reader) park() {
 	rd.buf, rd.r, rd.w = rd.small, 0, 0
 }
 
+// release gives the full-size buffer back when the connection closes,
+// whatever it still holds.
+func (rd *reader) release() {
+	rd.r = rd.w
+	rd.park()
+}
+
 // parked reports whether the reader holds only its small buffer.
 func (rd *reader) parked() bool {
 	return rd.small != nil && len(rd.buf) == len(rd.small) && &rd.buf[0] == &rd.small[0]
@@ -146,10 +153,18 @@ func (rd *reader) fill() error {
 		return rd.err
 	}
 	if rd.parked() {
-		// Whatever arrived, the request is handled in a full buffer.
-		err := rd.readSome()
-		rd.unpark()
-		return err
+		if rd.r < rd.w {
+			rd.unpark() // bytes are waiting: go on in a full buffer
+		} else {
+			// The connection was waiting for a request: wait on the
+			// small buffer, and handle what arrived in a full one.
+			rd.r, rd.w = 0, 0
+			if err := rd.readSome(); err != nil {
+				return err // the connection is closing: no buffer to take
+			}
+			rd.unpark()
+			return nil
+		}
 	}
 	if rd.r > 0 {
 		n := copy(rd.buf, rd.buf[rd.r:rd.w])
