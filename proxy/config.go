@@ -30,6 +30,15 @@ type Config struct {
 	// MaxItemSize and still be stored, when it compresses below it.
 	MaxValueSize   ByteSize
 	MaxRequestLine ByteSize
+	// MaxConnections is the most client connections served at once; 0 is
+	// no limit. IdleTimeout closes a client connection that completes no
+	// request, or takes none of its replies, for that long; 0 never does.
+	MaxConnections int
+	IdleTimeout    time.Duration
+
+	// TLS, both off by default: see tls.go.
+	TLS         ServerTLS
+	UpstreamTLS UpstreamTLS
 
 	// FailureLimit is how many consecutive failures (connect errors and
 	// timeouts) eject a server for RetryInterval; 0 never ejects.
@@ -92,6 +101,10 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.Var(&c.MaxValueSize, "max-value-size", "largest value a client may send, at least --max-item-size (bytes, or with k/m suffix); over --max-item-size it is stored only if its envelope fits, so only values of enveloped keys can use the difference")
 	c.MaxRequestLine = 1 << 20
 	fs.Var(&c.MaxRequestLine, "max-request-line", "longest retrieval command line (other lines follow memcached's 2048-byte framing)")
+	fs.IntVar(&c.MaxConnections, "max-connections", 4096, "most client connections at once, like memcached's -c; one more is answered \"ERROR Too many open connections\" and closed (0: no limit)")
+	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 0, "close a client connection that completes no request, or takes none of its replies, for this long, like memcached's idle_timeout (0: never)")
+	c.TLS.registerFlags(fs)
+	c.UpstreamTLS.registerFlags(fs)
 }
 
 // Validate reports the first setting that cannot work.
@@ -135,10 +148,20 @@ func (c *Config) Validate() error {
 		return errors.New("--max-value-size must be between 0 and 1 GiB")
 	case c.MaxRequestLine < lineLimit:
 		return fmt.Errorf("--max-request-line must be at least %d", lineLimit)
+	case c.MaxConnections < 0:
+		return errors.New("--max-connections must not be negative")
+	case c.IdleTimeout < 0:
+		return errors.New("--idle-timeout must not be negative")
 	case c.EnvelopeAll && c.Codec == nil:
 		return errors.New("enveloping every value needs codec settings")
 	case c.Keys != nil && c.Codec == nil:
 		return errors.New("key rewriting needs codec settings: values under rewritten keys are enveloped")
+	}
+	if err := c.TLS.validate(); err != nil {
+		return err
+	}
+	if err := c.UpstreamTLS.validate(); err != nil {
+		return err
 	}
 	if c.Codec != nil {
 		if err := c.Codec.Validate(); err != nil {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,12 @@ const (
 
 // errQuit closes a connection after its pending replies are written.
 var errQuit = errors.New("quit")
+
+// writers holds the reply buffers of connections that wait for a request:
+// a connection takes one when a request arrives and puts it back once its
+// replies are written, so a thousand idle clients do not hold 16 MiB of
+// empty buffers.
+var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, writeBufferSize) }}
 
 // conn is one client connection. Everything it needs per request is kept
 // here and reused, so a steady stream of requests allocates little beyond
@@ -61,8 +68,8 @@ type keyOwner struct {
 }
 
 func newConn(p *Proxy, nc net.Conn) *conn {
-	cc := &countingConn{Conn: nc, stats: p.stats}
-	c := &conn{p: p, nc: nc, cc: cc, wr: bufio.NewWriterSize(cc, writeBufferSize)}
+	cc := &countingConn{Conn: nc, stats: p.stats, writeTimeout: p.cfg.IdleTimeout}
+	c := &conn{p: p, nc: nc, cc: cc}
 	c.rd = newReader(cc, readBufferSize, int(p.cfg.MaxRequestLine), c.flush)
 	c.words = make([][]byte, 0, maxTokens)
 	c.useUpstreams()
@@ -72,7 +79,7 @@ func newConn(p *Proxy, nc net.Conn) *conn {
 // flush writes buffered replies. The reader calls it before any read that
 // may block, so replies to a pipelined batch leave in one write.
 func (c *conn) flush() error {
-	if c.wr.Buffered() == 0 {
+	if c.wr == nil || c.wr.Buffered() == 0 {
 		return nil
 	}
 	return c.wr.Flush()
@@ -82,6 +89,9 @@ func (c *conn) flush() error {
 // proxy shuts down.
 func (c *conn) serve() {
 	defer c.nc.Close()
+	defer c.putWriter()
+	defer c.rd.release()
+	c.startIdleClock()
 	for {
 		line, err := c.rd.line()
 		if err == errNeedMore {
@@ -89,10 +99,16 @@ func (c *conn) serve() {
 				c.flush()
 				return
 			}
+			if c.flush() != nil {
+				return
+			}
+			c.putWriter()
+			c.rd.park()
 			c.busy.Store(false)
 			err = c.rd.fill()
 			c.markBusy()
 			if err != nil {
+				c.idleClosed(err)
 				return
 			}
 			continue
@@ -102,9 +118,13 @@ func (c *conn) serve() {
 			return
 		}
 		if err := c.dispatch(line); err != nil {
-			c.flush()
+			// A data block that did not arrive in time is idleness too.
+			if !c.idleClosed(err) {
+				c.flush()
+			}
 			return
 		}
+		c.startIdleClock()
 		// A client that is gone gets no more work done for it: memcached
 		// stops at the first failed write too.
 		if c.cc.failed.Load() {
@@ -137,15 +157,29 @@ func (c *conn) shrink() {
 	c.rd.shrink()
 }
 
-// markBusy records that the connection is handling a request. During a
+// markBusy records that the connection is handling a request and gives it
+// a reply buffer. During a
 // shutdown it also lifts a read deadline that wakeIfIdle may have set just
 // as the request arrived, so the request can still read its data block.
 func (c *conn) markBusy() {
+	if c.wr == nil {
+		c.wr = writers.Get().(*bufio.Writer)
+		c.wr.Reset(c.cc)
+	}
 	c.busy.Store(true)
 	if c.p.draining() {
 		c.wakeMu.Lock()
 		c.nc.SetReadDeadline(time.Time{})
 		c.wakeMu.Unlock()
+	}
+}
+
+// putWriter returns the reply buffer, empty, to the pool.
+func (c *conn) putWriter() {
+	if c.wr != nil {
+		c.wr.Reset(nil)
+		writers.Put(c.wr)
+		c.wr = nil
 	}
 }
 
@@ -207,11 +241,13 @@ func forwardable(key []byte) bool {
 func (c *conn) serverFor(key string) int { return c.up.pick(key, c.p.cfg.EjectRehash) }
 
 // countingConn counts the bytes a client sends and receives for stats, and
-// remembers whether a write failed.
+// remembers whether a write failed. With an idle timeout, a client that
+// takes none of its replies for that long is idle too: its write fails.
 type countingConn struct {
 	net.Conn
-	stats  *stats
-	failed atomic.Bool
+	stats        *stats
+	writeTimeout time.Duration
+	failed       atomic.Bool
 }
 
 func (cc *countingConn) Read(b []byte) (int, error) {
@@ -221,9 +257,15 @@ func (cc *countingConn) Read(b []byte) (int, error) {
 }
 
 func (cc *countingConn) Write(b []byte) (int, error) {
+	if cc.writeTimeout > 0 {
+		cc.Conn.SetWriteDeadline(time.Now().Add(cc.writeTimeout))
+	}
 	n, err := cc.Conn.Write(b)
 	cc.stats.bytesWritten.Add(uint64(n))
 	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			cc.stats.connsIdleClosed.Add(1)
+		}
 		cc.failed.Store(true)
 	}
 	return n, err

@@ -68,6 +68,12 @@ func FuzzReader(f *testing.F) {
 	f.Add([]byte("a\r\n\r\n\rb\x00c\r\n\n"), []byte{0}, []byte{1, 1, 0})
 	f.Add([]byte(strings.Repeat("0123456789", 100)), []byte{3, 30}, []byte{8, 4, 1, 2, 200, 3, 255, 2, 100})
 	f.Add([]byte("x\r\n"+strings.Repeat(" ", 101)+"get "+strings.Repeat("y", 3000)+"\r\n"), []byte{50}, []byte{32, 255, 0})
+	// The differential cases, framed as lines in 7-byte reads.
+	for _, tc := range diffCases {
+		if req := strings.Join(tc.chunks, ""); len(req) <= maxFuzzInput {
+			f.Add([]byte(req), []byte{7}, []byte{255, 255, 1})
+		}
+	}
 	f.Fuzz(func(t *testing.T, input, chunks, ops []byte) {
 		if len(input) > maxFuzzInput || len(ops) < 3 {
 			t.Skip()
@@ -137,6 +143,7 @@ func FuzzReader(f *testing.F) {
 					pos += nl + 1
 				case err == errNeedMore:
 					before := src.off
+					rd.park() // as a connection does before it waits
 					err := rd.fill()
 					switch {
 					case err == nil:

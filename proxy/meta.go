@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -50,37 +51,11 @@ func (p *rawPool) getForUpdate(key string, dst []byte) (value []byte, it metaIte
 		if bytes.Equal(line, metaMiss) {
 			return nil
 		}
-		rest, ok := bytes.CutPrefix(line, metaValue)
-		if !ok || !bytes.HasSuffix(rest, crlf) {
-			return fmt.Errorf("%w: %q", errUnexpectedReply, line)
+		var size int
+		if size, it, err = parseMetaValue(line); err != nil {
+			return err
 		}
-		var words [8][]byte
-		w, _ := tokenize(words[:0], rest[:len(rest)-2], len(words))
-		if len(w) == 0 {
-			return fmt.Errorf("%w: %q", errUnexpectedReply, line)
-		}
-		size, ok := parseUint64(w[0])
-		if !ok || size > 1<<30 {
-			return fmt.Errorf("%w: %q", errUnexpectedReply, line)
-		}
-		it = metaItem{ttl: -1}
-		for _, f := range w[1:] {
-			if len(f) < 2 {
-				continue
-			}
-			switch f[0] {
-			case 'f':
-				it.flags, ok = parseUint32(f[1:])
-			case 'c':
-				it.cas, ok = parseUint64(f[1:])
-			case 't':
-				it.ttl, ok = parseInt32(f[1:])
-			}
-			if !ok {
-				return fmt.Errorf("%w: %q", errUnexpectedReply, line)
-			}
-		}
-		value = slices.Grow(dst[:0], int(size))[:size]
+		value = slices.Grow(dst[:0], size)[:size]
 		if err := readValue(c.rw.Reader, value); err != nil {
 			return err
 		}
@@ -88,6 +63,77 @@ func (p *rawPool) getForUpdate(key string, dst []byte) (value []byte, it metaIte
 		return nil
 	})
 	return value, it, found, err
+}
+
+// parseMetaValue reads the header line of a meta get hit, "VA <size>
+// <flags>*\r\n", as "mg <key> v f c t" is answered: the value's size and
+// the item's flags, CAS value and time to live. It is strict where the
+// request parser is lenient: memcached writes this line one way (single
+// spaces, plain decimals), and anything else means the connection is not
+// talking to a memcached any more. Flags the proxy did not ask for are
+// skipped; a size over 1 GiB is refused, so a broken server cannot make
+// the proxy reserve more.
+func parseMetaValue(line []byte) (size int, it metaItem, err error) {
+	bad := func() (int, metaItem, error) {
+		return 0, metaItem{}, fmt.Errorf("%w: %q", errUnexpectedReply, line)
+	}
+	rest, ok := bytes.CutPrefix(line, metaValue)
+	if !ok || !bytes.HasSuffix(rest, crlf) {
+		return bad()
+	}
+	rest = rest[:len(rest)-2]
+	word, rest, more := bytes.Cut(rest, []byte{' '})
+	n, ok := parseDecimal(word, 1<<30)
+	if !ok {
+		return bad()
+	}
+	it = metaItem{ttl: -1}
+	for more {
+		word, rest, more = bytes.Cut(rest, []byte{' '})
+		if len(word) == 0 || bytes.ContainsFunc(word, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
+			return bad()
+		}
+		var v uint64
+		switch word[0] {
+		case 'f':
+			v, ok = parseDecimal(word[1:], math.MaxUint32)
+			it.flags = uint32(v)
+		case 'c':
+			v, ok = parseDecimal(word[1:], math.MaxUint64)
+			it.cas = v
+		case 't':
+			// -1 is "never expires"; memcached writes no other negative.
+			if string(word[1:]) == "-1" {
+				it.ttl = -1
+				continue
+			}
+			v, ok = parseDecimal(word[1:], math.MaxInt32)
+			it.ttl = int32(v)
+		}
+		if !ok {
+			return bad()
+		}
+	}
+	return int(n), it, nil
+}
+
+// parseDecimal parses a non-empty run of decimal digits no larger than max.
+func parseDecimal(b []byte, max uint64) (uint64, bool) {
+	if len(b) == 0 {
+		return 0, false
+	}
+	var v uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		d := uint64(c - '0')
+		if v > (max-d)/10 {
+			return 0, false
+		}
+		v = v*10 + d
+	}
+	return v, true
 }
 
 // storeIfUnchanged writes value under key with memcached's meta set, only

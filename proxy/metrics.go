@@ -16,6 +16,8 @@ type collector struct {
 	requests    *prometheus.Desc
 	connections *prometheus.Desc
 	accepted    *prometheus.Desc
+	connRefused *prometheus.Desc
+	idleClosed  *prometheus.Desc
 	bytesIn     *prometheus.Desc
 	bytesOut    *prometheus.Desc
 	keys        *prometheus.Desc
@@ -40,6 +42,8 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 		requests:    prometheus.NewDesc(ns+"_requests_total", "Client requests by command and outcome.", []string{"command", "outcome"}, nil),
 		connections: prometheus.NewDesc(ns+"_client_connections", "Client connections open now.", nil, nil),
 		accepted:    prometheus.NewDesc(ns+"_client_connections_accepted_total", "Client connections accepted.", nil, nil),
+		connRefused: prometheus.NewDesc(ns+"_client_connections_refused_total", "Client connections refused over --max-connections.", nil, nil),
+		idleClosed:  prometheus.NewDesc(ns+"_client_connections_idle_closed_total", "Client connections closed after --idle-timeout without a complete request.", nil, nil),
 		bytesIn:     prometheus.NewDesc(ns+"_client_read_bytes_total", "Bytes read from clients.", nil, nil),
 		bytesOut:    prometheus.NewDesc(ns+"_client_written_bytes_total", "Bytes written to clients.", nil, nil),
 		keys:        prometheus.NewDesc(ns+"_retrieved_keys_total", "Keys asked for by retrieval commands, by result.", []string{"result"}, nil),
@@ -58,7 +62,7 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 }
 
 func (m *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.requests, m.connections, m.accepted, m.bytesIn, m.bytesOut, m.keys, m.upErrors, m.upServers, m.upGets, m.upGetKeys, m.refused, m.deleted, m.logical, m.stored, m.rewrites, m.rejected, m.unbound} {
+	for _, d := range []*prometheus.Desc{m.requests, m.connections, m.accepted, m.connRefused, m.idleClosed, m.bytesIn, m.bytesOut, m.keys, m.upErrors, m.upServers, m.upGets, m.upGetKeys, m.refused, m.deleted, m.logical, m.stored, m.rewrites, m.rejected, m.unbound} {
 		ch <- d
 	}
 	describeHealth(ch)
@@ -75,6 +79,8 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(m.connections, prometheus.GaugeValue, float64(s.currConns.Load()))
 	ch <- prometheus.MustNewConstMetric(m.accepted, prometheus.CounterValue, float64(s.totalConns.Load()))
+	ch <- prometheus.MustNewConstMetric(m.connRefused, prometheus.CounterValue, float64(s.connsRefused.Load()))
+	ch <- prometheus.MustNewConstMetric(m.idleClosed, prometheus.CounterValue, float64(s.connsIdleClosed.Load()))
 	ch <- prometheus.MustNewConstMetric(m.bytesIn, prometheus.CounterValue, float64(s.bytesRead.Load()))
 	ch <- prometheus.MustNewConstMetric(m.bytesOut, prometheus.CounterValue, float64(s.bytesWritten.Load()))
 	ch <- prometheus.MustNewConstMetric(m.keys, prometheus.CounterValue, float64(s.getHits.Load()+s.touchHits.Load()), "hit")

@@ -6,6 +6,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -36,6 +37,7 @@ type Proxy struct {
 	keys      *keyspace.Keyspace // nil: keys are not rewritten
 	// schemeIndex numbers keys.SchemeNames() for the rewrite counters.
 	schemeIndex map[string]int
+	tls         *tls.Config // nil: clients speak plain TCP
 
 	drain     atomic.Bool
 	mu        sync.Mutex
@@ -70,7 +72,12 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 			return nil, err
 		}
 	}
+	tlsCfg, err := cfg.TLS.config()
+	if err != nil {
+		return nil, err
+	}
 	p := &Proxy{
+		tls:     tlsCfg,
 		keys:    ks,
 		codec:   cd,
 		cfg:     cfg,
@@ -145,6 +152,13 @@ func (p *Proxy) Serve(ln net.Listener) error {
 			return fmt.Errorf("accept: %w", err)
 		}
 		backoff = 0
+		if p.overLimit() {
+			p.refuse(nc)
+			continue
+		}
+		if p.tls != nil {
+			nc = tls.Server(nc, p.tls) // the handshake runs on the first read
+		}
 		c := newConn(p, nc)
 		if !p.track(c) {
 			nc.Close()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"sync"
 )
 
 // lineLimit is memcached's framing rule: with more than this many bytes
@@ -18,13 +19,29 @@ var (
 	errNeedMore = errors.New("need more input")
 )
 
+// idleReadSize is the read buffer of a connection waiting for a request:
+// enough for most requests to arrive in one read, a sixteenth of the
+// buffer a busy connection reads into.
+const idleReadSize = 1024
+
+// readBuffers holds the full-size read buffers of connections that wait
+// for a request, as memcached hands its read buffers back when a
+// connection goes idle.
+var readBuffers sync.Pool
+
 // reader frames a client's byte stream into command lines and data blocks.
-// It owns one buffer that is reused for the life of the connection; lines
-// and small data blocks are returned as slices of it and stay valid only
-// until the next call.
+// While it works on a request it owns one full-size buffer; lines and small
+// data blocks are returned as slices of it and stay valid only until the
+// next call. While the connection waits for a request with nothing
+// buffered, park swaps that buffer for a small one of the reader's own, and
+// the next fill takes a full-size buffer again, from the pool.
 type reader struct {
 	src   io.Reader
 	buf   []byte
+	small []byte // the buffer read into while parked; nil: never parks
+	// full carries a full-size buffer in and out of readBuffers; it is
+	// kept with the reader between uses so parking allocates nothing.
+	full  *[]byte
 	r, w  int
 	size  int          // the buffer's usual size
 	max   int          // largest buffer a long retrieval line may grow to
@@ -33,7 +50,55 @@ type reader struct {
 }
 
 func newReader(src io.Reader, size, max int, flush func() error) *reader {
-	return &reader{src: src, buf: make([]byte, size), size: size, max: max, flush: flush}
+	rd := &reader{src: src, size: size, max: max, flush: flush}
+	// Smaller buffers, which only tests use, park into half their size.
+	if idle := min(idleReadSize, size/2); idle > 0 {
+		rd.small = make([]byte, idle)
+		rd.buf = rd.small // a new connection is waiting for a request
+	} else {
+		rd.buf = make([]byte, size)
+	}
+	return rd
+}
+
+// park gives back the full-size buffer when nothing is buffered, before
+// the connection blocks waiting for its next request.
+func (rd *reader) park() {
+	if rd.small == nil || rd.r != rd.w || len(rd.buf) != rd.size {
+		return
+	}
+	if rd.full == nil {
+		rd.full = new([]byte)
+	}
+	*rd.full = rd.buf
+	readBuffers.Put(rd.full)
+	rd.full = nil
+	rd.buf, rd.r, rd.w = rd.small, 0, 0
+}
+
+// release gives the full-size buffer back when the connection closes,
+// whatever it still holds.
+func (rd *reader) release() {
+	rd.r = rd.w
+	rd.park()
+}
+
+// parked reports whether the reader holds only its small buffer.
+func (rd *reader) parked() bool {
+	return rd.small != nil && len(rd.buf) == len(rd.small) && &rd.buf[0] == &rd.small[0]
+}
+
+// unpark moves what the small buffer holds into a full-size buffer.
+func (rd *reader) unpark() {
+	var buf []byte
+	if b, ok := readBuffers.Get().(*[]byte); ok && len(*b) == rd.size {
+		buf, rd.full = *b, b
+	} else {
+		buf = make([]byte, rd.size)
+	}
+	rd.w = copy(buf, rd.buf[rd.r:rd.w])
+	rd.r = 0
+	rd.buf = buf
 }
 
 // buffered returns the bytes read from the client and not yet consumed.
@@ -87,6 +152,20 @@ func (rd *reader) fill() error {
 	if rd.err != nil {
 		return rd.err
 	}
+	if rd.parked() {
+		if rd.r < rd.w {
+			rd.unpark() // bytes are waiting: go on in a full buffer
+		} else {
+			// The connection was waiting for a request: wait on the
+			// small buffer, and handle what arrived in a full one.
+			rd.r, rd.w = 0, 0
+			if err := rd.readSome(); err != nil {
+				return err // the connection is closing: no buffer to take
+			}
+			rd.unpark()
+			return nil
+		}
+	}
 	if rd.r > 0 {
 		n := copy(rd.buf, rd.buf[rd.r:rd.w])
 		rd.r, rd.w = 0, n
@@ -122,7 +201,9 @@ func (rd *reader) data(n int) ([]byte, error) {
 		rd.r += n
 		return b, nil
 	}
-	out := make([]byte, 0, min(n, 4*len(rd.buf)))
+	// One buffer's worth to start with: a client that claims 2 MiB and
+	// sends ten bytes costs 16 KiB, not 2 MiB (nor 64 KiB per connection).
+	out := make([]byte, 0, len(rd.buf))
 	for len(out) < n {
 		if rd.r == rd.w {
 			rd.r, rd.w = 0, 0

@@ -31,6 +31,7 @@ var (
 	replyBadDeleteUsage = []byte("CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n")
 	replyTooLarge       = []byte("SERVER_ERROR object too large for cache\r\n")
 	replyNonNumeric     = []byte("CLIENT_ERROR cannot increment or decrement non-numeric value\r\n")
+	replyTooManyConns   = []byte("ERROR Too many open connections\r\n")
 	// The proxy's own: a read-modify-write of an enveloped item lost the
 	// race against other writes rmwAttempts times in a row.
 	replyContended    = []byte("SERVER_ERROR too many concurrent updates\r\n")

@@ -24,6 +24,8 @@ type stats struct {
 	upstreamErrors           atomic.Uint64
 	upstreamGets             atomic.Uint64 // get requests sent upstream
 	upstreamGetKeys          atomic.Uint64 // keys in them
+	connsRefused             atomic.Uint64 // over --max-connections
+	connsIdleClosed          atomic.Uint64 // closed by --idle-timeout
 	requests                 [numCommands][numOutcomes]atomic.Uint64
 
 	// Values, when the codec is on: envelopes refused on read by reason
@@ -159,6 +161,9 @@ func (s *stats) appendStats(b []byte, p *Proxy) []byte {
 	str("rusage_system", rusage(ru.Stime))
 	num("curr_connections", uint64(s.currConns.Load()))
 	num("total_connections", c.totalConns)
+	// memcached's names for the same two counters.
+	num("rejected_connections", s.connsRefused.Load())
+	num("idle_kicks", s.connsIdleClosed.Load())
 	num("cmd_get", c.cmdGet)
 	num("cmd_set", c.cmdSet)
 	num("cmd_flush", count(cmdFlushAll, outcomeOK))

@@ -44,6 +44,12 @@ func newServer(name string, cfg *Config, st *stats, log *slog.Logger) (*server, 
 	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return dialer.DialContext(ctx, network, addr)
 	}
+	tlsCfg, err := cfg.UpstreamTLS.config()
+	if err != nil {
+		return nil, err
+	}
+	host, _, _ := net.SplitHostPort(addr) // empty for a unix socket
+	dial = withTLS(dial, tlsCfg, host)
 	var list memcache.ServerList
 	// gomemcache takes a path with a slash as a unix socket.
 	if err := list.SetServers(addr); err != nil {

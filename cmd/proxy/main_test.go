@@ -72,6 +72,11 @@ func TestBadFlagValueFailsBeforeListening(t *testing.T) {
 		{"--codec-min-savings=1.5"},
 		{"--codec-prefixes=P2:,,E2:"},
 		{"--log-format=xml"},
+		{"--max-connections=-1"},
+		{"--idle-timeout=-1s"},
+		{"--upstream-tls-ca-path=/etc/ssl/ca.pem"},
+		{"--tls-cert-path=/nonexistent/cert.pem", "--tls-key-path=/nonexistent/key.pem"},
+		{"--upstream-tls-enabled", "--upstream-tls-ca-path=/nonexistent/ca.pem"},
 		{"--no-such-flag"},
 	} {
 		var out bytes.Buffer

@@ -1,0 +1,291 @@
+package proxy
+
+import (
+	"bufio"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// testPKI is a CA and the files of certificates it signed, written for a
+// test: PEM certificates and PKCS #8 keys, readable by a memcached that
+// runs as nobody.
+type testPKI struct {
+	dir    string
+	caCert *x509.Certificate
+	caKey  *ecdsa.PrivateKey
+	caPath string
+}
+
+func newTestPKI(t *testing.T, name string) *testPKI {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "mcsidecar-tls-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	key := newKey(t)
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: name},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pki := &testPKI{dir: dir, caCert: cert, caKey: key, caPath: filepath.Join(dir, name+"-ca.pem")}
+	writePEM(t, pki.caPath, "CERTIFICATE", der)
+	return pki
+}
+
+func newKey(t *testing.T) *ecdsa.PrivateKey {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key
+}
+
+// issue signs a certificate for 127.0.0.1 and localhost, for servers or
+// clients, and returns the paths of its certificate and key.
+func (p *testPKI) issue(t *testing.T, name string, usage x509.ExtKeyUsage) (certPath, keyPath string) {
+	t.Helper()
+	key := newKey(t)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: name},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{usage},
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		DNSNames:     []string{"localhost"},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.caCert, &key.PublicKey, p.caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkcs8, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPath = filepath.Join(p.dir, name+".pem")
+	keyPath = filepath.Join(p.dir, name+"-key.pem")
+	writePEM(t, certPath, "CERTIFICATE", der)
+	writePEM(t, keyPath, "PRIVATE KEY", pkcs8)
+	return certPath, keyPath
+}
+
+func writePEM(t *testing.T, path, kind string, der []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tlsDial connects to addr with TLS as a client trusting ca, showing the
+// given certificate if any.
+func tlsDial(t *testing.T, addr, caPath, certPath, keyPath string) (*tls.Conn, error) {
+	t.Helper()
+	roots, err := loadCAs(caPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &tls.Config{RootCAs: roots, ServerName: "127.0.0.1"}
+	if certPath != "" {
+		cert, err := tls.LoadX509KeyPair(certPath, keyPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 2 * time.Second}, "tcp", addr, cfg)
+	if err == nil {
+		t.Cleanup(func() { c.Close() })
+	}
+	return c, err
+}
+
+// roundTrip sends req and reads one reply line, or says why it could not.
+func roundTrip(c net.Conn, req string) string {
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, req); err != nil {
+		return "write: " + err.Error()
+	}
+	reply, err := readReply(bufio.NewReader(c))
+	if err != nil {
+		return reply + " (" + err.Error() + ")"
+	}
+	return reply
+}
+
+// TestTLSClients serves clients over TLS with client certificates required,
+// in front of a real memcached: a client with a certificate the CA signed
+// sets and gets; one without a certificate, one with a certificate of
+// another CA and one speaking plain TCP get no reply.
+func TestTLSClients(t *testing.T) {
+	pki := newTestPKI(t, "clients")
+	cert, key := pki.issue(t, "proxy", x509.ExtKeyUsageServerAuth)
+	clientCert, clientKey := pki.issue(t, "store-gateway", x509.ExtKeyUsageClientAuth)
+	other := newTestPKI(t, "other")
+	otherCert, otherKey := other.issue(t, "intruder", x509.ExtKeyUsageClientAuth)
+
+	cfg := testConfig(startMemcached(t))
+	cfg.TLS = ServerTLS{CertPath: cert, KeyPath: key, ClientCAPath: pki.caPath}
+	_, addr := startProxy(t, cfg)
+
+	c, err := tlsDial(t, addr, pki.caPath, clientCert, clientKey)
+	if err != nil {
+		t.Fatalf("a client with a certificate of the CA: %v", err)
+	}
+	if got := roundTrip(c, "set tls 7 0 5\r\nhello\r\n"); got != "STORED\r\n" {
+		t.Fatalf("set over TLS answered %q", got)
+	}
+	if got := roundTrip(c, "get tls\r\n"); got != "VALUE tls 7 5\r\nhello\r\nEND\r\n" {
+		t.Fatalf("get over TLS answered %q", got)
+	}
+
+	for _, tc := range []struct{ name, cert, key string }{
+		{"no certificate", "", ""},
+		{"a certificate of another CA", otherCert, otherKey},
+	} {
+		// With TLS 1.3 the client's handshake may finish before the
+		// server has judged its certificate; then the first read fails.
+		c, err := tlsDial(t, addr, pki.caPath, tc.cert, tc.key)
+		if err == nil {
+			if got := roundTrip(c, "get tls\r\n"); strings.Contains(got, "VALUE") || !strings.Contains(got, "(") {
+				t.Errorf("a client with %s got %q", tc.name, got)
+			}
+		}
+	}
+
+	plain := dial(t, addr)
+	if got := roundTrip(plain, "get tls\r\n"); strings.Contains(got, "VALUE") || strings.Contains(got, "END") {
+		t.Errorf("a plain TCP client got %q", got)
+	}
+}
+
+// TestTLSClientsWithoutClientCA serves TLS to any client when no client CA
+// is given.
+func TestTLSClientsWithoutClientCA(t *testing.T) {
+	pki := newTestPKI(t, "clients")
+	cert, key := pki.issue(t, "proxy", x509.ExtKeyUsageServerAuth)
+	cfg := testConfig(startMemcached(t))
+	cfg.TLS = ServerTLS{CertPath: cert, KeyPath: key}
+	_, addr := startProxy(t, cfg)
+	c, err := tlsDial(t, addr, pki.caPath, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := roundTrip(c, "version\r\n"); got != "VERSION mcsidecar-test\r\n" {
+		t.Fatalf("version over TLS answered %q", got)
+	}
+}
+
+// TestTLSUpstream runs memcached itself with TLS, requiring a client
+// certificate, and sends every kind of upstream request through the
+// proxy's TLS connections: sets and deletes (gomemcache's pool), gets
+// (the retrieval pool) and an append to an enveloped item (meta commands
+// on the retrieval pool). A proxy without upstream TLS, or with a CA that
+// did not sign the server, gets nothing from it.
+func TestTLSUpstream(t *testing.T) {
+	pki := newTestPKI(t, "memcached")
+	srvCert, srvKey := pki.issue(t, "memcached", x509.ExtKeyUsageServerAuth)
+	cliCert, cliKey := pki.issue(t, "mcsidecar", x509.ExtKeyUsageClientAuth)
+	mc := startMemcached(t, "-Z", "-o", "ssl_chain_cert="+srvCert+",ssl_key="+srvKey+",ssl_ca_cert="+pki.caPath+",ssl_verify_mode=2")
+
+	cfg := envelopeAllConfig(mc)
+	cfg.UpstreamTLS = UpstreamTLS{Enabled: true, CAPath: pki.caPath, CertPath: cliCert, KeyPath: cliKey}
+	_, addr := startProxy(t, cfg)
+	c := newLineClient(t, addr)
+	for _, step := range []struct{ req, want string }{
+		{"set k 3 0 5\r\nhello\r\n", "STORED\r\n"},
+		{"get k\r\n", "VALUE k 3 5\r\nhello\r\nEND\r\n"},
+		{"append k 0 0 6\r\n world\r\n", "STORED\r\n"},
+		{"gets k\r\n", ""},
+		{"delete k\r\n", "DELETED\r\n"},
+		{"get k\r\n", "END\r\n"},
+	} {
+		got := c.do(step.req)
+		if step.want == "" {
+			if !strings.HasPrefix(got, "VALUE k 3 11 ") || !strings.HasSuffix(got, "\r\nhello world\r\nEND\r\n") {
+				t.Fatalf("%q over upstream TLS answered %q", step.req, got)
+			}
+			continue
+		}
+		if got != step.want {
+			t.Fatalf("%q over upstream TLS answered %q, want %q", step.req, got, step.want)
+		}
+	}
+
+	// The same memcached refuses what is not TLS with its certificate.
+	other := newTestPKI(t, "other")
+	for _, tc := range []struct {
+		name string
+		tls  UpstreamTLS
+	}{
+		{"plain TCP", UpstreamTLS{}},
+		{"a CA that did not sign the server", UpstreamTLS{Enabled: true, CAPath: other.caPath, CertPath: cliCert, KeyPath: cliKey}},
+		{"no client certificate", UpstreamTLS{Enabled: true, CAPath: pki.caPath}},
+	} {
+		cfg := testConfig(mc)
+		cfg.Timeout = 500 * time.Millisecond
+		cfg.UpstreamTLS = tc.tls
+		_, addr := startProxy(t, cfg)
+		if got := newLineClient(t, addr).do("set k 0 0 1\r\nx\r\n"); !strings.HasPrefix(got, "SERVER_ERROR") {
+			t.Errorf("set through a proxy with %s answered %q, want SERVER_ERROR", tc.name, got)
+		}
+	}
+}
+
+// TestTLSFlagsMustGoTogether checks the settings that cannot work alone.
+func TestTLSFlagsMustGoTogether(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  func(*Config)
+		want string
+	}{
+		{"cert without key", func(c *Config) { c.TLS.CertPath = "c.pem" }, "--tls-cert-path and --tls-key-path"},
+		{"client CA without cert", func(c *Config) { c.TLS.ClientCAPath = "ca.pem" }, "--tls-client-ca-path needs"},
+		{"upstream CA without TLS", func(c *Config) { c.UpstreamTLS.CAPath = "ca.pem" }, "need --upstream-tls-enabled"},
+		{"upstream key without cert", func(c *Config) {
+			c.UpstreamTLS = UpstreamTLS{Enabled: true, KeyPath: "k.pem"}
+		}, "--upstream-tls-cert-path and --upstream-tls-key-path"},
+		{"negative connection limit", func(c *Config) { c.MaxConnections = -1 }, "--max-connections"},
+		{"negative idle timeout", func(c *Config) { c.IdleTimeout = -time.Second }, "--idle-timeout"},
+	} {
+		cfg := testConfig("127.0.0.1:11211")
+		tc.set(&cfg)
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Validate() = %v, want an error about %s", tc.name, err, tc.want)
+		}
+	}
+	cfg := testConfig("127.0.0.1:11211")
+	cfg.TLS = ServerTLS{CertPath: "/nonexistent/c.pem", KeyPath: "/nonexistent/k.pem"}
+	if _, err := New(cfg, "test", nil); err == nil || !strings.Contains(err.Error(), "--tls-cert-path") {
+		t.Errorf("New with missing certificate files: %v", err)
+	}
+}
