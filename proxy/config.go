@@ -46,6 +46,11 @@ type Config struct {
 	// cannot carry are rewritten, their values enveloped and bound to the
 	// client key, which needs Codec.
 	Keys *keyspace.Config
+
+	// MetricsTenants bounds the tenants with series of their own in the
+	// per-tenant metrics; 0 turns the per-tenant view off. It needs Keys:
+	// the key schemes name the tenant of a key.
+	MetricsTenants int
 }
 
 // Replies to a retrieval whose upstream failed, for --upstream-retrieval-failure.
@@ -75,6 +80,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.Var(&c.MaxValueSize, "max-value-size", "largest value a client may send, at least --max-item-size (bytes, or with k/m suffix); over --max-item-size it is stored only if its envelope fits, so only values of enveloped keys can use the difference")
 	c.MaxRequestLine = 1 << 20
 	fs.Var(&c.MaxRequestLine, "max-request-line", "longest retrieval command line (other lines follow memcached's 2048-byte framing)")
+	fs.IntVar(&c.MetricsTenants, "metrics-tenants", 20, "busiest tenants with per-tenant metrics of their own (the rest are counted as \"other\"); 0: no per-tenant metrics")
 }
 
 // Validate reports the first setting that cannot work.
@@ -112,6 +118,8 @@ func (c *Config) Validate() error {
 		return errors.New("--max-value-size must be between 0 and 1 GiB")
 	case c.MaxRequestLine < lineLimit:
 		return fmt.Errorf("--max-request-line must be at least %d", lineLimit)
+	case c.MetricsTenants < 0 || c.MetricsTenants > 1000:
+		return errors.New("--metrics-tenants must be between 0 and 1000")
 	case c.EnvelopeAll && c.Codec == nil:
 		return errors.New("enveloping every value needs codec settings")
 	case c.Keys != nil && c.Codec == nil:

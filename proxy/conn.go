@@ -57,6 +57,7 @@ type conn struct {
 type keyOwner struct {
 	srv, pos int32
 	bound    bool
+	tenant   *tenantCounters // nil: not counted per tenant
 }
 
 func newConn(p *Proxy, nc net.Conn) *conn {

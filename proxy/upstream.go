@@ -30,6 +30,7 @@ type server struct {
 	client cache
 	gets   *coalescer
 	raw    *rawPool
+	up     *serverStats
 }
 
 func newServer(name string, cfg *Config, st *stats) (*server, error) {
@@ -50,12 +51,14 @@ func newServer(name string, cfg *Config, st *stats) (*server, error) {
 	mc.DialContext = dial
 	mc.Timeout = cfg.Timeout
 	mc.MaxIdleConns = cfg.MaxIdleConns
+	up := newServerStats(name, st)
 	s := &server{
 		name:   name,
-		client: mc,
+		client: observedCache{next: mc, st: up},
 		raw:    &rawPool{dial: dial, timeout: cfg.Timeout, connectTimeout: cfg.ConnectTimeout, maxIdle: cfg.MaxIdleConns},
+		up:     up,
 	}
-	s.gets = newCoalescer(s.raw, st, cfg.GetConcurrency, cfg.GetBatchKeys)
+	s.gets = newCoalescer(s.raw, up, cfg.GetConcurrency, cfg.GetBatchKeys)
 	return s, nil
 }
 
