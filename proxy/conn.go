@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"errors"
+	"io"
 	"net"
 	"strconv"
 	"sync"
@@ -96,16 +97,19 @@ func (c *conn) serve() {
 			err = c.rd.fill()
 			c.markBusy()
 			if err != nil {
+				c.logClose(err)
 				return
 			}
 			continue
 		}
 		if err != nil {
 			c.flush()
+			c.logClose(err)
 			return
 		}
 		if err := c.dispatch(line); err != nil {
 			c.flush()
+			c.logClose(err)
 			return
 		}
 		// A client that is gone gets no more work done for it: memcached
@@ -114,6 +118,19 @@ func (c *conn) serve() {
 			return
 		}
 		c.shrink()
+	}
+}
+
+// logClose logs, once, why a connection is closed on an error: a client
+// that broke framing at warn level, a failed read at debug level. A client
+// that left (EOF, quit) or a shutdown is not an error.
+func (c *conn) logClose(err error) {
+	switch {
+	case errors.Is(err, errQuit), errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), c.p.draining():
+	case errors.Is(err, errLineTooLong):
+		c.p.log.Warn("client connection closed", "remote", c.nc.RemoteAddr().String(), "err", err)
+	default:
+		c.p.log.Debug("client connection closed", "remote", c.nc.RemoteAddr().String(), "err", err)
 	}
 }
 

@@ -364,12 +364,12 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func TestUpstreamStateChangesAreLoggedOnceNotPerRequest(t *testing.T) {
-	up, kill := startKillableMemcached(t)
+// startLoggedProxy serves cfg with a proxy that logs to the returned
+// buffer, at debug level.
+func startLoggedProxy(t *testing.T, cfg Config) (string, *syncBuffer) {
+	t.Helper()
 	var logs syncBuffer
-	cfg := testConfig(up)
-	cfg.ConnectTimeout = 200 * time.Millisecond
-	p, err := New(cfg, "mcsidecar-test", slog.New(slog.NewTextHandler(&logs, nil)))
+	p, err := New(cfg, "mcsidecar-test", slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -385,7 +385,15 @@ func TestUpstreamStateChangesAreLoggedOnceNotPerRequest(t *testing.T) {
 		p.Shutdown(ctx)
 		<-served
 	})
-	c := newLineClient(t, ln.Addr().String())
+	return ln.Addr().String(), &logs
+}
+
+func TestUpstreamStateChangesAreLoggedOnceNotPerRequest(t *testing.T) {
+	up, kill := startKillableMemcached(t)
+	cfg := testConfig(up)
+	cfg.ConnectTimeout = 200 * time.Millisecond
+	addr, logs := startLoggedProxy(t, cfg)
+	c := newLineClient(t, addr)
 	for range 3 {
 		c.do("get a\r\n")
 	}
@@ -404,5 +412,25 @@ func TestUpstreamStateChangesAreLoggedOnceNotPerRequest(t *testing.T) {
 	if len(got) != 2 || !strings.Contains(got[0], `msg="upstream failing"`) || !strings.Contains(got[0], "kind=connect") ||
 		!strings.Contains(got[1], `msg="upstream answers again"`) {
 		t.Errorf("logs:\n%s\nwant one line when the server failed and one when it came back", logs.String())
+	}
+}
+
+func TestAConnectionErrorIsLoggedOnceAndACleanCloseNotAtAll(t *testing.T) {
+	addr, logs := startLoggedProxy(t, testConfig(startMemcached(t)))
+	// A client that leaves, by quit or by closing, is no error.
+	if got := exchange(t, addr, "set a 0 0 1\r\n1\r\nget a\r\nquit\r\n"); got != "STORED\r\nVALUE a 0 1\r\n1\r\nEND\r\n" {
+		t.Fatalf("answered %q", got)
+	}
+	exchange(t, addr, "get a\r\n")
+	// 4 KiB with no end of line breaks memcached's framing: the
+	// connection is closed.
+	exchange(t, addr, "set "+strings.Repeat("k", 4096))
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(logs.String(), "request line too long") && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	got := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(got) != 1 || !strings.Contains(got[0], `level=WARN msg="client connection closed"`) || !strings.Contains(got[0], "request line too long") {
+		t.Errorf("logs:\n%s\nwant one warning for the connection that broke framing", logs.String())
 	}
 }
