@@ -53,12 +53,15 @@ type tenantTable struct {
 	slots atomic.Pointer[map[string]*tenantCounters]
 	other tenantCounters
 
-	mu   sync.Mutex
-	cand map[string]uint64
+	mu sync.Mutex
+	// cand holds the sketch's counts by pointer, so that counting a
+	// candidate again is a lookup, which does not allocate, and not a map
+	// assignment, which would copy the key.
+	cand map[string]*uint64
 }
 
 func newTenantTable(max int) *tenantTable {
-	t := &tenantTable{max: max, cand: make(map[string]uint64, max)}
+	t := &tenantTable{max: max, cand: make(map[string]*uint64, max)}
 	t.other.label = otherTenant
 	t.slots.Store(&map[string]*tenantCounters{})
 	return t
@@ -96,19 +99,21 @@ func (t *tenantTable) miss(tenant []byte) *tenantCounters {
 		}
 		return &t.other
 	}
-	if _, ok := t.cand[string(tenant)]; ok {
-		t.cand[string(tenant)]++
+	if n := t.cand[string(tenant)]; n != nil {
+		*n++
 	} else if len(t.cand) < t.max {
-		t.cand[string(tenant)] = 1
+		one := uint64(1)
+		t.cand[string(tenant)] = &one
 	} else {
-		least, n := "", uint64(0)
+		least, n := "", (*uint64)(nil)
 		for name, count := range t.cand {
-			if least == "" || count < n {
+			if n == nil || *count < *n {
 				least, n = name, count
 			}
 		}
 		delete(t.cand, least)
-		t.cand[string(tenant)] = n + 1
+		*n++
+		t.cand[string(tenant)] = n
 	}
 	return &t.other
 }
@@ -152,7 +157,7 @@ func (t *tenantTable) rebalance() {
 		}
 		var cands, held []entry
 		for name, n := range t.cand {
-			cands = append(cands, entry{name, n})
+			cands = append(cands, entry{name, *n})
 		}
 		for name, c := range slots {
 			held = append(held, entry{name, c.recent.Load()})
