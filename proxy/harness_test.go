@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os/exec"
 	"strconv"
@@ -182,7 +183,13 @@ func startProxy(tb testing.TB, cfg Config) (*Proxy, string) {
 // returned nil. The returned channel yields Serve's result.
 func serveProxy(tb testing.TB, cfg Config) (*Proxy, string, <-chan error) {
 	tb.Helper()
-	p, err := New(cfg, "mcsidecar-test", nil)
+	return serveLoggedProxy(tb, cfg, nil)
+}
+
+// serveLoggedProxy is serveProxy with the proxy logging to log.
+func serveLoggedProxy(tb testing.TB, cfg Config, log *slog.Logger) (*Proxy, string, <-chan error) {
+	tb.Helper()
+	p, err := New(cfg, "mcsidecar-test", log)
 	if err != nil {
 		tb.Fatal(err)
 	}

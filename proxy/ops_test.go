@@ -3,7 +3,6 @@ package proxy
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"log/slog"
 	"maps"
 	"net"
@@ -369,23 +368,8 @@ func (s *syncBuffer) String() string {
 func startLoggedProxy(t *testing.T, cfg Config) (string, *syncBuffer) {
 	t.Helper()
 	var logs syncBuffer
-	p, err := New(cfg, "mcsidecar-test", slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- p.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		p.Shutdown(ctx)
-		<-served
-	})
-	return ln.Addr().String(), &logs
+	_, addr, _ := serveLoggedProxy(t, cfg, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	return addr, &logs
 }
 
 func TestUpstreamStateChangesAreLoggedOnceNotPerRequest(t *testing.T) {
