@@ -116,7 +116,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	log := cfg.logger(stderr)
 
-	p, err := proxy.New(cfg.proxy, "mcsidecar-"+version, log)
+	// The version reply starts with the memcached release whose protocol
+	// the proxy speaks: libmemcached (memcstat and the clients built on
+	// it) asks for the version first and refuses one that does not start
+	// with a number.
+	p, err := proxy.New(cfg.proxy, "1.6.0-mcsidecar-"+version, log)
 	if err != nil {
 		return err
 	}

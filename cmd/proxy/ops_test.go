@@ -503,3 +503,26 @@ func TestSIGTERMFinishesTheRequestInFlightAndExitsZero(t *testing.T) {
 		t.Errorf("log messages %q, want serving, shutting down, stopped (no line per request)\n%s", msgs, logs.String())
 	}
 }
+
+// TestMemcstatReadsStats runs libmemcached's memcstat against the sidecar:
+// it asks for the version, then parses the whole stats reply, the proxy's
+// own counters included.
+func TestMemcstatReadsStats(t *testing.T) {
+	bin, err := exec.LookPath("memcstat")
+	if err != nil {
+		t.Fatalf("memcstat is not installed (libmemcached-tools; the README's test command installs it): %v", err)
+	}
+	s := startBusySidecar(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "--servers="+s.listen).CombinedOutput()
+	if err != nil {
+		t.Fatalf("memcstat: %v\n%s", err, out)
+	}
+	for _, want := range []string{"pid:", "version: 1.6.0-mcsidecar-" + version, "cmd_set: 1", "get_hits: 1",
+		"key_rewrites: 0", "codec_refused_checksum_mismatch: 0", "rejected_connections: 0"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("memcstat output lacks %q:\n%s", want, out)
+		}
+	}
+}
