@@ -418,3 +418,49 @@ func TestAConnectionErrorIsLoggedOnceAndACleanCloseNotAtAll(t *testing.T) {
 		t.Errorf("logs:\n%s\nwant one warning for the connection that broke framing", logs.String())
 	}
 }
+
+// counterValue returns the value of a counter family with no labels.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no counter %s", name)
+	return 0
+}
+
+func TestEnvelopedBytesAreCountedAsClientsSeeThemAndAsMemcachedHoldsThem(t *testing.T) {
+	p, addr := startProxy(t, keyspaceConfig(startMemcached(t)))
+	reg := prometheus.NewRegistry()
+	if err := p.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	c := newLineClient(t, addr)
+	// A postings key: its value is enveloped and, being repetitive,
+	// compressed.
+	key := "P2:team-a:" + testBlock + ":am9iOmFwaQ"
+	value := strings.Repeat("postings ", 200)
+	if got := c.do("set " + key + " 0 0 " + strconv.Itoa(len(value)) + "\r\n" + value + "\r\n"); got != "STORED\r\n" {
+		t.Fatalf("set answered %q", got)
+	}
+	for range 2 {
+		if got := c.do("get " + key + "\r\n"); got != "VALUE "+key+" 0 "+strconv.Itoa(len(value))+"\r\n"+value+"\r\nEND\r\n" {
+			t.Fatalf("get answered %q", short(got))
+		}
+	}
+	n := float64(len(value))
+	written, stored := counterValue(t, reg, "mcsidecar_codec_written_logical_bytes_total"), counterValue(t, reg, "mcsidecar_codec_written_stored_bytes_total")
+	read, readStored := counterValue(t, reg, "mcsidecar_codec_read_logical_bytes_total"), counterValue(t, reg, "mcsidecar_codec_read_stored_bytes_total")
+	if written != n || read != 2*n {
+		t.Errorf("logical bytes: written %v, read %v; want %v and %v", written, read, n, 2*n)
+	}
+	if stored <= 0 || stored >= n/2 || readStored != 2*stored {
+		t.Errorf("stored bytes: written %v, read %v; want under half of %v, and read twice what was written", stored, readStored, n)
+	}
+}
