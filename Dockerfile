@@ -10,6 +10,10 @@ RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}"
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/proxy /proxy
 USER nonroot:nonroot
-# memcached protocol, then /metrics, /healthz and /readyz.
+# memcached protocol, then /metrics, /healthz, /readyz and the status page.
 EXPOSE 11311 9151
+# distroless has no shell or curl, so there is no HEALTHCHECK command to
+# run here: probe over HTTP instead (Kubernetes httpGet on /healthz for
+# liveness, /readyz for readiness; see configs/). SIGTERM drains within
+# --shutdown-grace and exits 0.
 ENTRYPOINT ["/proxy", "--listen=0.0.0.0:11311", "--metrics-listen=0.0.0.0:9151"]

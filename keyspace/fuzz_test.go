@@ -34,6 +34,7 @@ func FuzzRewrite(f *testing.F) {
 			if !bytes.Equal(out, again) || step != step2 || scheme != scheme2 {
 				t.Fatalf("%q: %q then %q", key, out, again)
 			}
+			checkTenant(t, k, key)
 		}
 	})
 }
@@ -57,5 +58,23 @@ func FuzzUserScheme(f *testing.F) {
 		k.SchemeOf(key)
 		out, step, _ := k.AppendRewrite(nil, key)
 		checkUpstreamKey(t, k, key, out, step)
+		checkTenant(t, k, key)
 	})
+}
+
+// checkTenant fails t unless Tenant returns nil or a non-empty part of
+// key with no room to write past it, and a tenant only for a key some
+// scheme matches.
+func checkTenant(t *testing.T, k *Keyspace, key []byte) {
+	t.Helper()
+	tenant := k.Tenant(key)
+	if tenant == nil {
+		return
+	}
+	if len(tenant) == 0 || cap(tenant) != len(tenant) || !bytes.Contains(key, tenant) {
+		t.Fatalf("%q: tenant %q (cap %d) is not a non-empty part of the key", key, tenant, cap(tenant))
+	}
+	if _, ok := k.SchemeOf(key); !ok {
+		t.Fatalf("%q: tenant %q for a key no scheme matches", key, tenant)
+	}
 }

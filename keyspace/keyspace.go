@@ -1,5 +1,7 @@
 package keyspace
 
+import "math/bits"
+
 // Hash lengths in base64 characters: a segment token keeps 96 bits of
 // blake2b-256, the whole-key hash all 256.
 const (
@@ -85,4 +87,19 @@ func (k *Keyspace) find(key []byte, m *match) *pattern {
 		}
 	}
 	return nil
+}
+
+// Tenant returns the tenant segment of key: the first {tenant} or
+// {tenants} segment of the first pattern key matches, as a sub-slice of
+// key, or nil when no scheme matches or the scheme names no tenant. A
+// cross-tenant key's {tenants} segment is returned whole ("a|b"). It
+// allocates nothing.
+func (k *Keyspace) Tenant(key []byte) []byte {
+	var m match
+	p := k.find(key, &m)
+	if p == nil || p.tenantMask == 0 {
+		return nil
+	}
+	s := m.spans[bits.TrailingZeros16(p.tenantMask)]
+	return key[s.start:s.end:s.end]
 }

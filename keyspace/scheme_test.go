@@ -185,3 +185,30 @@ func TestBracesCanBeLiteral(t *testing.T) {
 		t.Errorf("got %q, %v, %s", out, step, scheme)
 	}
 }
+
+func TestTenantIsTheSchemesTenantSegment(t *testing.T) {
+	k := newKeyspace(t, nil)
+	t150 := tenantID("acme", 150)
+	cases := []struct{ name, key, tenant string }{
+		{"mimir postings, long tenant", "P2:" + t150 + ":" + blockA + ":am9iOmFwaQ", t150},
+		{"mimir series", "S:tenant-1:" + blockA + ":1234", "tenant-1"},
+		{"mimir postings offsets", "POteam:" + blockA + ":am9i", "team"},
+		{"caching bucket, tenant block", "subrange:tenant-2/" + blockA + "/chunks/000001:0:16000", "tenant-2"},
+		{"query results across tenants: the whole list", "1@QS:team_a|team_b:" + hash43, "team_a|team_b"},
+		{"thanos key has no tenant", "P:" + blockA + ":" + hash43 + ":dss", ""},
+		{"caching bucket, Thanos block", "content:" + blockA + "/meta.json", ""},
+		{"unknown prefix", "X:tenant:" + blockA, ""},
+		{"empty key", "", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := string(k.Tenant([]byte(tc.key))); got != tc.tenant {
+				t.Errorf("tenant %q, want %q", got, tc.tenant)
+			}
+		})
+	}
+	key := []byte("P2:" + t150 + ":" + blockA + ":am9iOmFwaQ")
+	if n := testing.AllocsPerRun(100, func() { k.Tenant(key) }); n != 0 {
+		t.Errorf("Tenant: %v allocations", n)
+	}
+}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"sync"
+	"time"
 )
 
 // arithmetic answers incr and decr.
@@ -127,7 +128,9 @@ func (c *conn) flushAll(w [][]byte) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			start := time.Now()
 			errs[i] = s.raw.flushAll(delay, withDelay)
+			s.up.observe(start, errs[i])
 		}()
 	}
 	wg.Wait()
@@ -196,7 +199,6 @@ func (c *conn) clientError(id int, reply []byte) error {
 func (c *conn) upstreamError(id int, srv *server, err error) error {
 	reply, oc := upstreamReply(err)
 	if oc == outcomeUpstreamError {
-		c.p.stats.upstreamErrors.Add(1)
 		srv.dropIdle(err)
 	}
 	c.p.stats.record(id, oc)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 )
 
 // repeatReader yields the same request bytes forever, so a benchmark reads
@@ -194,5 +195,46 @@ func benchRoundTrips(b *testing.B, addr string, req []byte, end string) {
 		if err := rc.roundTrip(req, end); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkTenantCounters measures what the per-tenant view adds to each
+// key of a request: finding the key's tenant through the key schemes and
+// its counters in the table, for a tenant with a slot (the common case)
+// and for one folded into "other" (the sketch, under a mutex).
+func BenchmarkTenantCounters(b *testing.B) {
+	cfg := keyspaceConfig("127.0.0.1:1")
+	p, err := New(cfg, "bench", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.closeServers()
+	p.tenants = newTenantTable(1)
+	c := &conn{p: p}
+	hot := []byte("P2:team-hot:" + testBlock + ":am9iOmFwaQ")
+	cold := []byte("P2:team-cold:" + testBlock + ":am9iOmFwaQ")
+	c.tenantOf(hot) // takes the one slot
+	for _, bc := range []struct {
+		name string
+		key  []byte
+	}{{"tenant with a slot", hot}, {"tenant in other", cold}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				c.tenantOf(bc.key).requests.Add(1)
+			}
+		})
+	}
+}
+
+// BenchmarkLatencyObserve measures what timing a request costs on the
+// request path: two clock reads and one histogram observation, as
+// dispatch does for every command.
+func BenchmarkLatencyObserve(b *testing.B) {
+	st := newStats()
+	b.ReportAllocs()
+	for b.Loop() {
+		start := time.Now()
+		st.latency[cmdGet].Observe(time.Since(start).Seconds())
 	}
 }

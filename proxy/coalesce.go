@@ -3,6 +3,7 @@ package proxy
 import (
 	"slices"
 	"sync"
+	"time"
 )
 
 // getCall is one client request's share of keys on one server. A connection
@@ -61,9 +62,10 @@ func (c *getCall) value(i int) []byte {
 }
 
 // fetch sends the keys of every call in batch, in order, as one retrieval
-// and hands each call its items. A failed request is counted once, however
+// and hands each call its items. A request is counted once in up, however
 // many clients it served.
-func fetch(pool *rawPool, st *stats, r retrieval, batch []*getCall, keys []string) {
+func fetch(pool *rawPool, up *serverStats, r retrieval, batch []*getCall, keys []string) {
+	began := time.Now()
 	var j, start int
 	begin := func() {
 		for _, c := range batch {
@@ -83,9 +85,7 @@ func fetch(pool *rawPool, st *stats, r retrieval, batch []*getCall, keys []strin
 		c.items[i-start] = item{hit: true, flags: flags, cas: cas, off: off, n: size}
 		return c.arena[off:]
 	})
-	if err != nil {
-		st.upstreamErrors.Add(1)
-	}
+	up.observe(began, err)
 	for _, c := range batch {
 		c.err = err
 	}
@@ -100,7 +100,7 @@ func fetch(pool *rawPool, st *stats, r retrieval, batch []*getCall, keys []strin
 // straight out; under load one round trip serves many clients.
 type coalescer struct {
 	pool    *rawPool
-	stats   *stats
+	up      *serverStats
 	leaders int
 	maxKeys int
 
@@ -109,8 +109,8 @@ type coalescer struct {
 	waiting []*getCall
 }
 
-func newCoalescer(pool *rawPool, st *stats, leaders, maxKeys int) *coalescer {
-	return &coalescer{pool: pool, stats: st, leaders: leaders, maxKeys: maxKeys}
+func newCoalescer(pool *rawPool, up *serverStats, leaders, maxKeys int) *coalescer {
+	return &coalescer{pool: pool, up: up, leaders: leaders, maxKeys: maxKeys}
 }
 
 // get fills call.items and call.err.
@@ -147,9 +147,9 @@ func (co *coalescer) lead(call *getCall) {
 	co.waiting = co.waiting[n:]
 	co.mu.Unlock()
 
-	co.stats.upstreamGets.Add(1)
-	co.stats.upstreamGetKeys.Add(uint64(len(keys)))
-	fetch(co.pool, co.stats, retrieval{}, batch, keys)
+	co.up.all.upstreamGets.Add(1)
+	co.up.all.upstreamGetKeys.Add(uint64(len(keys)))
+	fetch(co.pool, co.up, retrieval{}, batch, keys)
 	for _, c := range batch[1:] {
 		c.done <- signalDone
 	}

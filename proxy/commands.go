@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"strings"
+	"time"
 )
 
 // command is one row of the command table: the verb, how many words its
@@ -148,5 +149,8 @@ func (c *conn) dispatch(line []byte) error {
 		return c.clientError(cmd.id, replyError)
 	}
 	c.useUpstreams()
-	return cmd.run(c, words)
+	start := time.Now()
+	err := cmd.run(c, words)
+	c.p.stats.latency[cmd.id].Observe(time.Since(start).Seconds())
+	return err
 }

@@ -68,6 +68,11 @@ type Config struct {
 	// cannot carry are rewritten, their values enveloped and bound to the
 	// client key, which needs Codec.
 	Keys *keyspace.Config
+
+	// MetricsTenants bounds the tenants with series of their own in the
+	// per-tenant metrics; 0 turns the per-tenant view off. It needs Keys:
+	// the key schemes name the tenant of a key.
+	MetricsTenants int
 }
 
 // Replies to a retrieval whose upstream failed, for --upstream-retrieval-failure.
@@ -105,6 +110,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 0, "close a client connection that completes no request, or takes none of its replies, for this long, like memcached's idle_timeout (0: never)")
 	c.TLS.registerFlags(fs)
 	c.UpstreamTLS.registerFlags(fs)
+	fs.IntVar(&c.MetricsTenants, "metrics-tenants", 20, "busiest tenants with per-tenant metrics of their own (the rest are counted as \"other\"); 0: no per-tenant metrics")
 }
 
 // Validate reports the first setting that cannot work.
@@ -152,6 +158,8 @@ func (c *Config) Validate() error {
 		return errors.New("--max-connections must not be negative")
 	case c.IdleTimeout < 0:
 		return errors.New("--idle-timeout must not be negative")
+	case c.MetricsTenants < 0 || c.MetricsTenants > 1000:
+		return errors.New("--metrics-tenants must be between 0 and 1000")
 	case c.EnvelopeAll && c.Codec == nil:
 		return errors.New("enveloping every value needs codec settings")
 	case c.Keys != nil && c.Codec == nil:

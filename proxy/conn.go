@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"strconv"
@@ -65,6 +66,7 @@ type conn struct {
 type keyOwner struct {
 	srv, pos int32
 	bound    bool
+	tenant   *tenantCounters // nil: not counted per tenant
 }
 
 func newConn(p *Proxy, nc net.Conn) *conn {
@@ -108,19 +110,23 @@ func (c *conn) serve() {
 			err = c.rd.fill()
 			c.markBusy()
 			if err != nil {
-				c.idleClosed(err)
+				if !c.idleClosed(err) {
+					c.logClose(err)
+				}
 				return
 			}
 			continue
 		}
 		if err != nil {
 			c.flush()
+			c.logClose(err)
 			return
 		}
 		if err := c.dispatch(line); err != nil {
 			// A data block that did not arrive in time is idleness too.
 			if !c.idleClosed(err) {
 				c.flush()
+				c.logClose(err)
 			}
 			return
 		}
@@ -131,6 +137,19 @@ func (c *conn) serve() {
 			return
 		}
 		c.shrink()
+	}
+}
+
+// logClose logs, once, why a connection is closed on an error: a client
+// that broke framing at warn level, a failed read at debug level. A client
+// that left (EOF, quit) or a shutdown is not an error.
+func (c *conn) logClose(err error) {
+	switch {
+	case errors.Is(err, errQuit), errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), c.p.draining():
+	case errors.Is(err, errLineTooLong):
+		c.p.log.Warn("client connection closed", "remote", c.nc.RemoteAddr().String(), "err", err)
+	default:
+		c.p.log.Debug("client connection closed", "remote", c.nc.RemoteAddr().String(), "err", err)
 	}
 }
 

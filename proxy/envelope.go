@@ -84,6 +84,8 @@ func (c *conn) open(key []byte, k string, bind bool, storedFlags uint32, stored 
 		}
 		return nil, 0, false
 	}
+	c.p.stats.codecReadLogical.Add(uint64(len(v)))
+	c.p.stats.codecReadStored.Add(uint64(len(stored)))
 	c.dec = v
 	return v, flags, true
 }
@@ -93,7 +95,9 @@ func (c *conn) open(key []byte, k string, bind bool, storedFlags uint32, stored 
 // with. A missing item and a refused envelope are both not found, and so
 // is, under a rewritten key (bind), an item that is no envelope.
 func (c *conn) readForUpdate(srv *server, k string, key []byte, bind bool) (value []byte, it metaItem, found bool, err error) {
+	start := time.Now()
 	c.raw, it, found, err = srv.raw.getForUpdate(k, c.raw)
+	srv.up.observe(start, err)
 	if err != nil || !found {
 		return nil, it, false, err
 	}
@@ -120,7 +124,9 @@ func (c *conn) writeBack(srv *server, k string, key []byte, bind bool, it metaIt
 		return false, true, nil
 	}
 	it.flags = storedFlags
+	start := time.Now()
 	conflict, notStored, err = srv.raw.storeIfUnchanged(k, it, stored)
+	srv.up.observe(start, err)
 	if err == nil && !conflict && !notStored {
 		c.countStored(len(value), len(stored))
 	}

@@ -113,7 +113,7 @@ func codecMetrics(t *testing.T, p *Proxy) *prometheus.Registry {
 // every other reason at zero.
 func refusedExposition(counts map[codec.Reason]int) string {
 	var b strings.Builder
-	b.WriteString("# HELP mcsidecar_codec_refused_total Enveloped items read from upstream and served as a miss, by reason.\n")
+	b.WriteString("# HELP mcsidecar_codec_refused_total Enveloped items read from upstream that failed verification and were served as a miss, by reason.\n")
 	b.WriteString("# TYPE mcsidecar_codec_refused_total counter\n")
 	for _, r := range codec.Reasons() {
 		fmt.Fprintf(&b, "mcsidecar_codec_refused_total{reason=%q} %d\n", r.String(), counts[r])
@@ -274,10 +274,10 @@ func TestCompressionShrinksWhatMemcachedHolds(t *testing.T) {
 	if logical != uint64(20*len(value)) || stored == 0 || stored*4 > logical*3 {
 		t.Errorf("written %d logical bytes, %d stored", logical, stored)
 	}
-	want := fmt.Sprintf(`# HELP mcsidecar_codec_written_logical_bytes_total Bytes of enveloped values written, as the clients sent them.
+	want := fmt.Sprintf(`# HELP mcsidecar_codec_written_logical_bytes_total Bytes of enveloped values written, as the clients sent them. The saving is 1 - stored/logical.
 # TYPE mcsidecar_codec_written_logical_bytes_total counter
 mcsidecar_codec_written_logical_bytes_total %d
-# HELP mcsidecar_codec_written_stored_bytes_total Bytes of enveloped values written, as stored upstream (envelope included).
+# HELP mcsidecar_codec_written_stored_bytes_total Bytes of enveloped values written, as memcached holds them (envelope included).
 # TYPE mcsidecar_codec_written_stored_bytes_total counter
 mcsidecar_codec_written_stored_bytes_total %d
 `, logical, stored)

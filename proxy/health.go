@@ -134,83 +134,68 @@ func (h *health) close() {
 	h.probers.Wait()
 }
 
-// guarded is a server's gomemcache client behind its health: requests to
-// an ejected server fail at once, and every result is counted.
+// guarded is a server's gomemcache client behind its health and its
+// counters: a request to an ejected server fails at once, without touching
+// the network; every other is timed, counted in the server's stats, and
+// counted towards ejecting it.
 type guarded struct {
 	next cache
 	h    *health
+	st   *serverStats
+}
+
+// call runs one request through g.
+func (g guarded) call(req func() error) error {
+	if err := g.h.admit(); err != nil {
+		g.st.observe(time.Time{}, err)
+		return err
+	}
+	start := time.Now()
+	err := req()
+	g.st.observe(start, err)
+	return g.h.observe(err)
 }
 
 func (g guarded) Set(it *memcache.Item) error {
-	if err := g.h.admit(); err != nil {
-		return err
-	}
-	return g.h.observe(g.next.Set(it))
+	return g.call(func() error { return g.next.Set(it) })
 }
 
 func (g guarded) Add(it *memcache.Item) error {
-	if err := g.h.admit(); err != nil {
-		return err
-	}
-	return g.h.observe(g.next.Add(it))
+	return g.call(func() error { return g.next.Add(it) })
 }
 
 func (g guarded) Replace(it *memcache.Item) error {
-	if err := g.h.admit(); err != nil {
-		return err
-	}
-	return g.h.observe(g.next.Replace(it))
+	return g.call(func() error { return g.next.Replace(it) })
 }
 
 func (g guarded) Append(it *memcache.Item) error {
-	if err := g.h.admit(); err != nil {
-		return err
-	}
-	return g.h.observe(g.next.Append(it))
+	return g.call(func() error { return g.next.Append(it) })
 }
 
 func (g guarded) Prepend(it *memcache.Item) error {
-	if err := g.h.admit(); err != nil {
-		return err
-	}
-	return g.h.observe(g.next.Prepend(it))
+	return g.call(func() error { return g.next.Prepend(it) })
 }
 
 func (g guarded) CompareAndSwap(it *memcache.Item) error {
-	if err := g.h.admit(); err != nil {
-		return err
-	}
-	return g.h.observe(g.next.CompareAndSwap(it))
+	return g.call(func() error { return g.next.CompareAndSwap(it) })
 }
 
 func (g guarded) Delete(key string) error {
-	if err := g.h.admit(); err != nil {
-		return err
-	}
-	return g.h.observe(g.next.Delete(key))
+	return g.call(func() error { return g.next.Delete(key) })
 }
 
 func (g guarded) Touch(key string, seconds int32) error {
-	if err := g.h.admit(); err != nil {
-		return err
-	}
-	return g.h.observe(g.next.Touch(key, seconds))
+	return g.call(func() error { return g.next.Touch(key, seconds) })
 }
 
-func (g guarded) Increment(key string, delta uint64) (uint64, error) {
-	if err := g.h.admit(); err != nil {
-		return 0, err
-	}
-	n, err := g.next.Increment(key, delta)
-	return n, g.h.observe(err)
+func (g guarded) Increment(key string, delta uint64) (n uint64, err error) {
+	err = g.call(func() (err error) { n, err = g.next.Increment(key, delta); return err })
+	return n, err
 }
 
-func (g guarded) Decrement(key string, delta uint64) (uint64, error) {
-	if err := g.h.admit(); err != nil {
-		return 0, err
-	}
-	n, err := g.next.Decrement(key, delta)
-	return n, g.h.observe(err)
+func (g guarded) Decrement(key string, delta uint64) (n uint64, err error) {
+	err = g.call(func() (err error) { n, err = g.next.Decrement(key, delta); return err })
+	return n, err
 }
 
 // Close closes the idle connections of the gomemcache client.
@@ -235,8 +220,8 @@ func describeHealth(ch chan<- *prometheus.Desc) {
 	ch <- ejectionsDesc
 }
 
-func (p *Proxy) collectHealth(ch chan<- prometheus.Metric) {
-	for _, s := range p.upstreams().servers {
+func (p *Proxy) collectHealth(ch chan<- prometheus.Metric, up *upstreams) {
+	for _, s := range up.servers {
 		up := 1.0
 		if s.health.down.Load() {
 			up = 0

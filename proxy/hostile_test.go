@@ -308,7 +308,7 @@ func TestMaxConnectionsRefusesTheOneOver(t *testing.T) {
 		t.Errorf("rejected_connections = %d, want 1", got)
 	}
 	const refused = `
-# HELP mcsidecar_client_connections_refused_total Client connections refused over --max-connections.
+# HELP mcsidecar_client_connections_refused_total Client connections closed at accept because the proxy was at --max-connections.
 # TYPE mcsidecar_client_connections_refused_total counter
 mcsidecar_client_connections_refused_total 1
 `

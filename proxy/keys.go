@@ -21,6 +21,15 @@ func (c *conn) validKey(key []byte) bool {
 	return ok
 }
 
+// tenantOf returns the per-tenant counters of a client key's tenant, or
+// nil when the per-tenant view is off or the key names no tenant.
+func (c *conn) tenantOf(key []byte) *tenantCounters {
+	if c.p.tenants == nil {
+		return nil
+	}
+	return c.p.tenants.counters(c.p.keys.Tenant(key))
+}
+
 // upstreamKey returns the key to send upstream for a client key validKey
 // accepted: the key itself, or its rewrite in the connection's buffer
 // (valid until the next call), and bound when it was rewritten, so that its

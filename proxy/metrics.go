@@ -9,18 +9,22 @@ import (
 
 // collector exports the proxy's counters to Prometheus. It reads the same
 // atomics the "stats" command reads, at scrape time, so the request path
-// pays nothing for metrics. Every command and outcome pair is exported,
-// zero or not.
+// pays nothing for metrics but the latency observations. Every label
+// combination is exported, zero or not, and every label value comes from a
+// fixed list: the command table, the outcomes, the configured servers,
+// the error kinds, the schemes and reasons, and at most --metrics-tenants
+// tenants plus "other".
 type collector struct {
 	p           *Proxy
 	requests    *prometheus.Desc
 	connections *prometheus.Desc
 	accepted    *prometheus.Desc
-	connRefused *prometheus.Desc
+	refusedConn *prometheus.Desc
 	idleClosed  *prometheus.Desc
 	bytesIn     *prometheus.Desc
 	bytesOut    *prometheus.Desc
 	keys        *prometheus.Desc
+	upRequests  *prometheus.Desc
 	upErrors    *prometheus.Desc
 	upServers   *prometheus.Desc
 	upGets      *prometheus.Desc
@@ -29,9 +33,12 @@ type collector struct {
 	deleted     *prometheus.Desc
 	logical     *prometheus.Desc
 	stored      *prometheus.Desc
+	readLogical *prometheus.Desc
+	readStored  *prometheus.Desc
 	rewrites    *prometheus.Desc
 	rejected    *prometheus.Desc
 	unbound     *prometheus.Desc
+	tenants     tenantDescs
 }
 
 // Register adds the proxy's metrics to reg.
@@ -42,69 +49,90 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 		requests:    prometheus.NewDesc(ns+"_requests_total", "Client requests by command and outcome.", []string{"command", "outcome"}, nil),
 		connections: prometheus.NewDesc(ns+"_client_connections", "Client connections open now.", nil, nil),
 		accepted:    prometheus.NewDesc(ns+"_client_connections_accepted_total", "Client connections accepted.", nil, nil),
-		connRefused: prometheus.NewDesc(ns+"_client_connections_refused_total", "Client connections refused over --max-connections.", nil, nil),
+		refusedConn: prometheus.NewDesc(ns+"_client_connections_refused_total", "Client connections closed at accept because the proxy was at --max-connections.", nil, nil),
 		idleClosed:  prometheus.NewDesc(ns+"_client_connections_idle_closed_total", "Client connections closed after --idle-timeout without a complete request.", nil, nil),
 		bytesIn:     prometheus.NewDesc(ns+"_client_read_bytes_total", "Bytes read from clients.", nil, nil),
 		bytesOut:    prometheus.NewDesc(ns+"_client_written_bytes_total", "Bytes written to clients.", nil, nil),
 		keys:        prometheus.NewDesc(ns+"_retrieved_keys_total", "Keys asked for by retrieval commands, by result.", []string{"result"}, nil),
-		upErrors:    prometheus.NewDesc(ns+"_upstream_errors_total", "Upstream requests that failed (timeouts, refused connections, bad replies).", nil, nil),
-		upServers:   prometheus.NewDesc(ns+"_upstream_servers", "Upstream memcached servers configured.", nil, nil),
+		upRequests:  prometheus.NewDesc(ns+"_upstream_requests_total", "Requests sent to upstream servers, by server; a coalesced multi-get counts once.", []string{"server"}, nil),
+		upErrors:    prometheus.NewDesc(ns+"_upstream_errors_total", "Upstream requests that failed, by server and kind: connect, timeout, connection (broken), server_error, protocol, ejected (not sent: the server is ejected).", []string{"server", "kind"}, nil),
+		upServers:   prometheus.NewDesc(ns+"_upstream_servers", "Upstream memcached servers in the current set (after DNS discovery).", nil, nil),
 		upGets:      prometheus.NewDesc(ns+"_upstream_gets_total", "Get requests sent upstream; concurrent client gets are coalesced into one.", nil, nil),
 		upGetKeys:   prometheus.NewDesc(ns+"_upstream_get_keys_total", "Keys in the get requests sent upstream.", nil, nil),
-		refused:     prometheus.NewDesc(ns+"_codec_refused_total", "Enveloped items read from upstream and served as a miss, by reason.", []string{"reason"}, nil),
+		refused:     prometheus.NewDesc(ns+"_codec_refused_total", "Enveloped items read from upstream that failed verification and were served as a miss, by reason.", []string{"reason"}, nil),
 		deleted:     prometheus.NewDesc(ns+"_codec_deleted_total", "Damaged enveloped items deleted upstream (--codec-delete-corrupt).", nil, nil),
-		logical:     prometheus.NewDesc(ns+"_codec_written_logical_bytes_total", "Bytes of enveloped values written, as the clients sent them.", nil, nil),
-		stored:      prometheus.NewDesc(ns+"_codec_written_stored_bytes_total", "Bytes of enveloped values written, as stored upstream (envelope included).", nil, nil),
+		logical:     prometheus.NewDesc(ns+"_codec_written_logical_bytes_total", "Bytes of enveloped values written, as the clients sent them. The saving is 1 - stored/logical.", nil, nil),
+		stored:      prometheus.NewDesc(ns+"_codec_written_stored_bytes_total", "Bytes of enveloped values written, as memcached holds them (envelope included).", nil, nil),
+		readLogical: prometheus.NewDesc(ns+"_codec_read_logical_bytes_total", "Bytes of enveloped values served to clients after verification, as the clients see them.", nil, nil),
+		readStored:  prometheus.NewDesc(ns+"_codec_read_stored_bytes_total", "Bytes of the same values as read from memcached (envelope included).", nil, nil),
 		rewrites:    prometheus.NewDesc(ns+"_key_rewrites_total", "Client keys rewritten for upstream, by scheme and by the step the rewrite ended at.", []string{"scheme", "step"}, nil),
 		rejected:    prometheus.NewDesc(ns+"_key_rejected_total", "Client keys refused with CLIENT_ERROR, by reason.", []string{"reason"}, nil),
 		unbound:     prometheus.NewDesc(ns+"_key_unbound_items_total", "Items read under a rewritten key that were not an envelope (another client's value at an equal key), served as a miss.", nil, nil),
+		tenants:     newTenantDescs(ns),
 	})
 }
 
 func (m *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.requests, m.connections, m.accepted, m.connRefused, m.idleClosed, m.bytesIn, m.bytesOut, m.keys, m.upErrors, m.upServers, m.upGets, m.upGetKeys, m.refused, m.deleted, m.logical, m.stored, m.rewrites, m.rejected, m.unbound} {
+	for _, d := range []*prometheus.Desc{m.requests, m.connections, m.accepted, m.refusedConn, m.idleClosed, m.bytesIn, m.bytesOut, m.keys,
+		m.upRequests, m.upErrors, m.upServers, m.upGets, m.upGetKeys, m.refused, m.deleted, m.logical, m.stored,
+		m.readLogical, m.readStored, m.rewrites, m.rejected, m.unbound} {
 		ch <- d
 	}
 	describeHealth(ch)
+	m.tenants.describe(ch)
+	m.p.stats.requestLatency.Describe(ch)
+	m.p.stats.upstreamLatency.Describe(ch)
 }
 
 func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	s := m.p.stats
-	m.p.collectHealth(ch)
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	up := m.p.upstreams()
+	m.p.collectHealth(ch, up)
 	for id := range numCommands {
 		for oc := range numOutcomes {
-			ch <- prometheus.MustNewConstMetric(m.requests, prometheus.CounterValue,
-				float64(s.requests[id][oc].Load()), commands[id].name, outcomeNames[oc])
+			counter(m.requests, s.requests[id][oc].Load(), commands[id].name, outcomeNames[oc])
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(m.connections, prometheus.GaugeValue, float64(s.currConns.Load()))
-	ch <- prometheus.MustNewConstMetric(m.accepted, prometheus.CounterValue, float64(s.totalConns.Load()))
-	ch <- prometheus.MustNewConstMetric(m.connRefused, prometheus.CounterValue, float64(s.connsRefused.Load()))
-	ch <- prometheus.MustNewConstMetric(m.idleClosed, prometheus.CounterValue, float64(s.connsIdleClosed.Load()))
-	ch <- prometheus.MustNewConstMetric(m.bytesIn, prometheus.CounterValue, float64(s.bytesRead.Load()))
-	ch <- prometheus.MustNewConstMetric(m.bytesOut, prometheus.CounterValue, float64(s.bytesWritten.Load()))
-	ch <- prometheus.MustNewConstMetric(m.keys, prometheus.CounterValue, float64(s.getHits.Load()+s.touchHits.Load()), "hit")
-	ch <- prometheus.MustNewConstMetric(m.keys, prometheus.CounterValue, float64(s.getMisses.Load()+s.touchMisses.Load()), "miss")
-	ch <- prometheus.MustNewConstMetric(m.upErrors, prometheus.CounterValue, float64(s.upstreamErrors.Load()))
-	ch <- prometheus.MustNewConstMetric(m.upServers, prometheus.GaugeValue, float64(len(m.p.upstreams().servers)))
-	ch <- prometheus.MustNewConstMetric(m.upGets, prometheus.CounterValue, float64(s.upstreamGets.Load()))
-	ch <- prometheus.MustNewConstMetric(m.upGetKeys, prometheus.CounterValue, float64(s.upstreamGetKeys.Load()))
-	for _, r := range codec.Reasons() {
-		ch <- prometheus.MustNewConstMetric(m.refused, prometheus.CounterValue, float64(s.codecRefused[r&15].Load()), r.String())
+	counter(m.accepted, uint64(s.totalConns.Load()))
+	counter(m.refusedConn, s.connsRefused.Load())
+	counter(m.idleClosed, s.connsIdleClosed.Load())
+	counter(m.bytesIn, s.bytesRead.Load())
+	counter(m.bytesOut, s.bytesWritten.Load())
+	counter(m.keys, s.getHits.Load()+s.touchHits.Load(), "hit")
+	counter(m.keys, s.getMisses.Load()+s.touchMisses.Load(), "miss")
+	for _, srv := range up.servers {
+		counter(m.upRequests, srv.up.requests.Load(), srv.name)
+		for k := kindNone + 1; k < numKinds; k++ {
+			counter(m.upErrors, srv.up.errors[k].Load(), srv.name, kindNames[k])
+		}
 	}
-	ch <- prometheus.MustNewConstMetric(m.deleted, prometheus.CounterValue, float64(s.codecDeleted.Load()))
-	ch <- prometheus.MustNewConstMetric(m.logical, prometheus.CounterValue, float64(s.codecLogical.Load()))
-	ch <- prometheus.MustNewConstMetric(m.stored, prometheus.CounterValue, float64(s.codecStored.Load()))
+	ch <- prometheus.MustNewConstMetric(m.upServers, prometheus.GaugeValue, float64(len(up.servers)))
+	counter(m.upGets, s.upstreamGets.Load())
+	counter(m.upGetKeys, s.upstreamGetKeys.Load())
+	for _, r := range codec.Reasons() {
+		counter(m.refused, s.codecRefused[r&15].Load(), r.String())
+	}
+	counter(m.deleted, s.codecDeleted.Load())
+	counter(m.logical, s.codecLogical.Load())
+	counter(m.stored, s.codecStored.Load())
+	counter(m.readLogical, s.codecReadLogical.Load())
+	counter(m.readStored, s.codecReadStored.Load())
 	if ks := m.p.keys; ks != nil {
 		for i, scheme := range ks.SchemeNames() {
 			for _, step := range keyspace.Steps() {
-				ch <- prometheus.MustNewConstMetric(m.rewrites, prometheus.CounterValue,
-					float64(s.keyRewrites[i*numSteps+int(step)].Load()), scheme, step.String())
+				counter(m.rewrites, s.keyRewrites[i*numSteps+int(step)].Load(), scheme, step.String())
 			}
 		}
 		for _, r := range keyspace.Reasons() {
-			ch <- prometheus.MustNewConstMetric(m.rejected, prometheus.CounterValue, float64(s.keyRejected[r&7].Load()), r.String())
+			counter(m.rejected, s.keyRejected[r&7].Load(), r.String())
 		}
-		ch <- prometheus.MustNewConstMetric(m.unbound, prometheus.CounterValue, float64(s.keyUnbound.Load()))
+		counter(m.unbound, s.keyUnbound.Load())
 	}
+	m.tenants.collect(ch, m.p.tenants)
+	s.requestLatency.Collect(ch)
+	s.upstreamLatency.Collect(ch)
 }

@@ -152,10 +152,12 @@ mcsidecar_client_connections %d
 
 // TestMetricsCountUpstreamFailures sends a set and a get to a proxy whose
 // only upstream is down: both count as requests that met an upstream
-// error, the get's key as a miss (what the client saw), and both in the
-// upstream error counter.
+// error, the get's key as a miss (what the client saw), and the upstream
+// requests as failed connects: the set twice (a set is retried once on a
+// new connection), the get once.
 func TestMetricsCountUpstreamFailures(t *testing.T) {
-	cfg := testConfig(deadUpstream(t))
+	up := deadUpstream(t)
+	cfg := testConfig(up)
 	cfg.ConnectTimeout = 100 * time.Millisecond
 	p, addr := startProxy(t, cfg)
 	reg := prometheus.NewRegistry()
@@ -174,12 +176,27 @@ func TestMetricsCountUpstreamFailures(t *testing.T) {
 # TYPE mcsidecar_retrieved_keys_total counter
 mcsidecar_retrieved_keys_total{result="hit"} 0
 mcsidecar_retrieved_keys_total{result="miss"} 1
-# HELP mcsidecar_upstream_errors_total Upstream requests that failed (timeouts, refused connections, bad replies).
+# HELP mcsidecar_upstream_errors_total Upstream requests that failed, by server and kind: connect, timeout, connection (broken), server_error, protocol, ejected (not sent: the server is ejected).
 # TYPE mcsidecar_upstream_errors_total counter
-mcsidecar_upstream_errors_total 2
+` + upstreamErrorsExposition(map[string]int{up + "/connect": 3}, up) + `
+# HELP mcsidecar_upstream_requests_total Requests sent to upstream servers, by server; a coalesced multi-get counts once.
+# TYPE mcsidecar_upstream_requests_total counter
+mcsidecar_upstream_requests_total{server="` + up + `"} 3
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
-		"mcsidecar_requests_total", "mcsidecar_retrieved_keys_total", "mcsidecar_upstream_errors_total"); err != nil {
+		"mcsidecar_requests_total", "mcsidecar_retrieved_keys_total", "mcsidecar_upstream_errors_total", "mcsidecar_upstream_requests_total"); err != nil {
 		t.Error(err)
 	}
+}
+
+// upstreamErrorsExposition is the samples of mcsidecar_upstream_errors_total
+// for servers, every kind at the count in nonzero ("server/kind") or zero.
+func upstreamErrorsExposition(nonzero map[string]int, servers ...string) string {
+	var b strings.Builder
+	for _, srv := range servers {
+		for _, kind := range []string{"connect", "timeout", "connection", "server_error", "protocol", "ejected"} {
+			fmt.Fprintf(&b, "mcsidecar_upstream_errors_total{kind=%q,server=%q} %d\n", kind, srv, nonzero[srv+"/"+kind])
+		}
+	}
+	return b.String()
 }

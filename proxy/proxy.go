@@ -33,6 +33,7 @@ type Proxy struct {
 	up        atomic.Pointer[upstreams]
 	discovery *discovery // nil: every upstream entry is static
 	stats     *stats
+	tenants   *tenantTable       // nil: no per-tenant view
 	codec     *codec.Codec       // nil: no value is enveloped
 	keys      *keyspace.Keyspace // nil: keys are not rewritten
 	// schemeIndex numbers keys.SchemeNames() for the rewrite counters.
@@ -86,12 +87,16 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 		stats:   newStats(),
 		conns:   make(map[*conn]struct{}),
 	}
+	p.stats.log = log
 	if ks != nil {
 		p.schemeIndex = make(map[string]int)
 		for i, name := range ks.SchemeNames() {
 			p.schemeIndex[name] = i
 		}
 		p.stats.keyRewrites = make([]atomic.Uint64, len(p.schemeIndex)*numSteps)
+		if cfg.MetricsTenants > 0 {
+			p.tenants = newTenantTable(cfg.MetricsTenants)
+		}
 	}
 	// The first lookup must succeed: there is no last good set to keep.
 	ctx, cancel := context.WithTimeout(context.Background(), lookupTimeout)

@@ -72,12 +72,12 @@ func (c *conn) fetchAndTouch(r retrieval, keys [][]byte) {
 	for s, call := range c.calls {
 		if used[s] {
 			wg.Add(1)
-			go func(pool *rawPool, call *getCall) {
+			go func(srv *server, call *getCall) {
 				defer wg.Done()
 				batch := append(call.batch[:0], call)
-				fetch(pool, c.p.stats, r, batch, call.keys)
+				fetch(srv.raw, srv.up, r, batch, call.keys)
 				call.batch = batch[:0]
-			}(c.up.servers[s].raw, call)
+			}(c.up.servers[s], call)
 		}
 	}
 	wg.Wait()
@@ -111,10 +111,11 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 	for _, k := range keys {
 		key := string(k)
 		c.keys = append(c.keys, key)
+		tenant := c.tenantOf(k)
 		up, bound, ok := c.upstreamKey(k)
 		if !ok {
 			// No server can hold such a key: it is always a miss.
-			c.owners = append(c.owners, keyOwner{srv: -1})
+			c.owners = append(c.owners, keyOwner{srv: -1, tenant: tenant})
 			continue
 		}
 		if bound {
@@ -127,14 +128,14 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 		// checks the item against its own key.
 		if len(keys) > 1 {
 			if o, ok := c.seen[key]; ok {
-				o.bound = bound
+				o.bound, o.tenant = bound, tenant
 				c.owners = append(c.owners, o)
 				continue
 			}
 		}
 		s := c.serverFor(key)
 		call := c.calls[s]
-		o := keyOwner{srv: int32(s), pos: int32(len(call.keys)), bound: bound}
+		o := keyOwner{srv: int32(s), pos: int32(len(call.keys)), bound: bound, tenant: tenant}
 		c.owners = append(c.owners, o)
 		call.keys = append(call.keys, key)
 		used[s] = true
@@ -198,6 +199,12 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 			}
 		}
 		st.recordKey(touch, hit)
+		if o.tenant != nil {
+			o.tenant.requests.Add(1)
+			if hit {
+				o.tenant.hits.Add(1)
+			}
+		}
 	}
 	st.record(id, oc)
 	c.wr.Write(replyEnd)

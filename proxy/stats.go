@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"log/slog"
 	"os"
 	"runtime"
 	"strconv"
@@ -8,6 +9,11 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"mcsidecar/codec"
+	"mcsidecar/keyspace"
 )
 
 // stats holds the counters the memcached "stats" command reports, kept with
@@ -15,8 +21,10 @@ import (
 // metrics read the same counters.
 type stats struct {
 	started time.Time
+	log     *slog.Logger
 
 	currConns, totalConns    atomic.Int64
+	connsRefused             atomic.Uint64 // turned away at accept (--max-connections)
 	bytesRead, bytesWritten  atomic.Uint64
 	cmdGet, cmdSet, cmdTouch atomic.Uint64
 	getHits, getMisses       atomic.Uint64
@@ -24,7 +32,6 @@ type stats struct {
 	upstreamErrors           atomic.Uint64
 	upstreamGets             atomic.Uint64 // get requests sent upstream
 	upstreamGetKeys          atomic.Uint64 // keys in them
-	connsRefused             atomic.Uint64 // over --max-connections
 	connsIdleClosed          atomic.Uint64 // closed by --idle-timeout
 	requests                 [numCommands][numOutcomes]atomic.Uint64
 
@@ -34,6 +41,8 @@ type stats struct {
 	codecRefused              [16]atomic.Uint64
 	codecDeleted              atomic.Uint64
 	codecLogical, codecStored atomic.Uint64
+	// The same for enveloped values read and served.
+	codecReadLogical, codecReadStored atomic.Uint64
 
 	// Keys, when key settings are on: rewrites by scheme (as numbered in
 	// Proxy.schemeIndex) and step, at scheme*numSteps+step; keys refused
@@ -43,11 +52,41 @@ type stats struct {
 	keyRejected [8]atomic.Uint64
 	keyUnbound  atomic.Uint64
 
+	// Latency of client requests by command (from the command line read
+	// to the reply buffered) and of upstream requests by server. The
+	// observers are resolved once, so an observation is a few atomic adds.
+	requestLatency  *prometheus.HistogramVec
+	latency         [numCommands]prometheus.Observer
+	upstreamLatency *prometheus.HistogramVec
+
 	baseMu sync.Mutex
 	base   counters // at the last "stats reset"
 }
 
-func newStats() *stats { return &stats{started: time.Now()} }
+// latencyBuckets spans a loopback memcached round trip (about 50µs) to a
+// request that met the longest sensible upstream timeout.
+var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}
+
+func newStats() *stats {
+	s := &stats{
+		started: time.Now(),
+		log:     slog.New(slog.DiscardHandler),
+		requestLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "mcsidecar_request_duration_seconds",
+			Help:    "Time to answer a client request, from its command line read to its reply written, by command.",
+			Buckets: latencyBuckets,
+		}, []string{"command"}),
+		upstreamLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "mcsidecar_upstream_request_duration_seconds",
+			Help:    "Time of requests to upstream memcached servers, by server (failed requests included).",
+			Buckets: latencyBuckets,
+		}, []string{"server"}),
+	}
+	for id := range numCommands {
+		s.latency[id] = s.requestLatency.WithLabelValues(commands[id].name)
+	}
+	return s
+}
 
 // record counts one request of command id with its outcome.
 func (s *stats) record(id int, oc outcome) { s.requests[id][oc].Add(1) }
@@ -76,6 +115,11 @@ type counters struct {
 	cmdGet, cmdSet, cmdTouch                 uint64
 	getHits, getMisses, touchHits, touchMiss uint64
 	upstreamErrors, upstreamGets, upGetKeys  uint64
+	connsRefused, connsIdleClosed            uint64
+	codecDeleted, codecLogical, codecStored  uint64
+	keyRewrites, keyUnbound                  uint64
+	codecRefused                             [16]uint64
+	keyRejected                              [8]uint64
 	requests                                 [numCommands][numOutcomes]uint64
 }
 
@@ -85,6 +129,18 @@ func (s *stats) snapshot() counters {
 		cmdGet: s.cmdGet.Load(), cmdSet: s.cmdSet.Load(), cmdTouch: s.cmdTouch.Load(),
 		getHits: s.getHits.Load(), getMisses: s.getMisses.Load(), touchHits: s.touchHits.Load(), touchMiss: s.touchMisses.Load(),
 		upstreamErrors: s.upstreamErrors.Load(), upstreamGets: s.upstreamGets.Load(), upGetKeys: s.upstreamGetKeys.Load(),
+		connsRefused: s.connsRefused.Load(), connsIdleClosed: s.connsIdleClosed.Load(),
+		codecDeleted: s.codecDeleted.Load(), codecLogical: s.codecLogical.Load(), codecStored: s.codecStored.Load(),
+		keyUnbound: s.keyUnbound.Load(),
+	}
+	for i := range s.keyRewrites {
+		c.keyRewrites += s.keyRewrites[i].Load()
+	}
+	for i := range c.codecRefused {
+		c.codecRefused[i] = s.codecRefused[i].Load()
+	}
+	for i := range c.keyRejected {
+		c.keyRejected[i] = s.keyRejected[i].Load()
 	}
 	for id := range c.requests {
 		for oc := range c.requests[id] {
@@ -101,6 +157,15 @@ func (c counters) sub(b counters) counters {
 		cmdGet: c.cmdGet - b.cmdGet, cmdSet: c.cmdSet - b.cmdSet, cmdTouch: c.cmdTouch - b.cmdTouch,
 		getHits: c.getHits - b.getHits, getMisses: c.getMisses - b.getMisses, touchHits: c.touchHits - b.touchHits, touchMiss: c.touchMiss - b.touchMiss,
 		upstreamErrors: c.upstreamErrors - b.upstreamErrors, upstreamGets: c.upstreamGets - b.upstreamGets, upGetKeys: c.upGetKeys - b.upGetKeys,
+		connsRefused: c.connsRefused - b.connsRefused, connsIdleClosed: c.connsIdleClosed - b.connsIdleClosed,
+		codecDeleted: c.codecDeleted - b.codecDeleted, codecLogical: c.codecLogical - b.codecLogical, codecStored: c.codecStored - b.codecStored,
+		keyRewrites: c.keyRewrites - b.keyRewrites, keyUnbound: c.keyUnbound - b.keyUnbound,
+	}
+	for i := range out.codecRefused {
+		out.codecRefused[i] = c.codecRefused[i] - b.codecRefused[i]
+	}
+	for i := range out.keyRejected {
+		out.keyRejected[i] = c.keyRejected[i] - b.keyRejected[i]
 	}
 	for id := range out.requests {
 		for oc := range out.requests[id] {
@@ -162,8 +227,8 @@ func (s *stats) appendStats(b []byte, p *Proxy) []byte {
 	num("curr_connections", uint64(s.currConns.Load()))
 	num("total_connections", c.totalConns)
 	// memcached's names for the same two counters.
-	num("rejected_connections", s.connsRefused.Load())
-	num("idle_kicks", s.connsIdleClosed.Load())
+	num("rejected_connections", c.connsRefused)
+	num("idle_kicks", c.connsIdleClosed)
 	num("cmd_get", c.cmdGet)
 	num("cmd_set", c.cmdSet)
 	num("cmd_flush", count(cmdFlushAll, outcomeOK))
@@ -188,6 +253,23 @@ func (s *stats) appendStats(b []byte, p *Proxy) []byte {
 	num("upstream_errors", c.upstreamErrors)
 	num("upstream_gets", c.upstreamGets)
 	num("upstream_get_keys", c.upGetKeys)
+	// The proxy's own counters, named as the Prometheus metrics are
+	// (less the prefix), so both views read alike.
+	if p.codec != nil {
+		for _, r := range codec.Reasons() {
+			num("codec_refused_"+r.String(), c.codecRefused[r&15])
+		}
+		num("codec_deleted", c.codecDeleted)
+		num("codec_written_logical_bytes", c.codecLogical)
+		num("codec_written_stored_bytes", c.codecStored)
+	}
+	if p.keys != nil {
+		num("key_rewrites", c.keyRewrites)
+		for _, r := range keyspace.Reasons() {
+			num("key_rejected_"+r.String(), c.keyRejected[r&7])
+		}
+		num("key_unbound_items", c.keyUnbound)
+	}
 	return append(b, replyEnd...)
 }
 

@@ -27,6 +27,10 @@ func (c *conn) store(id int, w [][]byte) error {
 	}
 	key, vlen := a.key, a.vlen
 	join := id == cmdAppend || id == cmdPrepend
+	tenant := c.tenantOf(key)
+	if tenant != nil {
+		tenant.requests.Add(1)
+	}
 	// key points into the read buffer, which data may move: k is a copy.
 	up, bound, _ := c.upstreamKey(key)
 	k := string(up)
@@ -104,6 +108,9 @@ func (c *conn) store(id int, w [][]byte) error {
 	}
 	if enveloped {
 		c.countStored(vlen, len(value))
+	}
+	if tenant != nil {
+		tenant.written.Add(uint64(len(value)))
 	}
 	st.record(id, outcomeStored)
 	c.reply(replyStored)

@@ -33,6 +33,7 @@ type server struct {
 	gets   *coalescer
 	raw    *rawPool
 	health *health
+	up     *serverStats
 }
 
 func newServer(name string, cfg *Config, st *stats, log *slog.Logger) (*server, error) {
@@ -59,16 +60,18 @@ func newServer(name string, cfg *Config, st *stats, log *slog.Logger) (*server, 
 	mc.DialContext = dial
 	mc.Timeout = cfg.Timeout
 	mc.MaxIdleConns = cfg.MaxIdleConns
+	up := newServerStats(name, st)
 	raw := &rawPool{dial: dial, timeout: cfg.Timeout, connectTimeout: cfg.ConnectTimeout, maxIdle: cfg.MaxIdleConns}
 	h := newHealth(name, cfg, log, raw.probe)
 	raw.health = h
 	s := &server{
 		name:   name,
-		client: guarded{next: mc, h: h},
+		client: guarded{next: mc, h: h, st: up},
 		raw:    raw,
 		health: h,
+		up:     up,
 	}
-	s.gets = newCoalescer(s.raw, st, cfg.GetConcurrency, cfg.GetBatchKeys)
+	s.gets = newCoalescer(s.raw, up, cfg.GetConcurrency, cfg.GetBatchKeys)
 	return s, nil
 }
 

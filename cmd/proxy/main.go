@@ -10,15 +10,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
 
 	"mcsidecar/codec"
@@ -88,13 +84,19 @@ func (c *config) logger(w io.Writer) *slog.Logger {
 }
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	// SIGTERM (a Kubernetes rollout) and SIGINT start a graceful shutdown.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "proxy:", err)
 		os.Exit(1)
 	}
 }
 
-func run(args []string, stdout, stderr io.Writer) error {
+// run serves until ctx ends, then shuts down within --shutdown-grace and
+// returns nil. It returns an error for a bad flag, before anything
+// listens, or when serving fails.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var cfg config
 	fs := pflag.NewFlagSet("proxy", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -114,13 +116,16 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	log := cfg.logger(stderr)
 
-	p, err := proxy.New(cfg.proxy, "mcsidecar-"+version, log)
+	// The version reply starts with the memcached release whose protocol
+	// the proxy speaks: libmemcached (memcstat and the clients built on
+	// it) asks for the version first and refuses one that does not start
+	// with a number.
+	p, err := proxy.New(cfg.proxy, "1.6.0-mcsidecar-"+version, log)
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if err := p.Register(reg); err != nil {
+	reg, err := newRegistry(p)
+	if err != nil {
 		return err
 	}
 	ln, err := proxy.Listen(cfg.proxy.Listen)
@@ -134,41 +139,32 @@ func run(args []string, stdout, stderr io.Writer) error {
 			ln.Close()
 			return err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-		mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-			if err := p.Ready(r.Context()); err != nil {
-				http.Error(w, err.Error(), http.StatusServiceUnavailable)
-				return
-			}
-			io.WriteString(w, "ready\n")
-		})
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		metricsSrv = &http.Server{Handler: newHTTPHandler(p, reg), ReadHeaderTimeout: 5 * time.Second}
 		go metricsSrv.Serve(mln)
 	}
 	log.Info("serving", "listen", ln.Addr().String(), "upstreams", cfg.proxy.Upstreams, "metrics", cfg.metricsListen, "version", version)
 
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- p.Serve(ln) }()
 	select {
 	case err := <-serveErr:
+		if metricsSrv != nil {
+			metricsSrv.Close()
+		}
 		return err
-	case sig := <-sigs:
-		log.Info("shutting down", "signal", sig.String(), "grace", cfg.shutdownGrace)
+	case <-ctx.Done():
+		log.Info("shutting down", "grace", cfg.shutdownGrace)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.shutdownGrace)
+	graceCtx, cancel := context.WithTimeout(context.Background(), cfg.shutdownGrace)
 	defer cancel()
-	err = p.Shutdown(ctx)
+	err = p.Shutdown(graceCtx)
+	<-serveErr
 	if metricsSrv != nil {
-		metricsSrv.Shutdown(ctx)
+		metricsSrv.Shutdown(graceCtx)
 	}
 	if err != nil {
 		log.Warn("grace period over, connections closed", "err", err)
 	}
+	log.Info("stopped")
 	return nil
 }

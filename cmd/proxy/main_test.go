@@ -2,53 +2,108 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"debug/elf"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
+	"go.yaml.in/yaml/v3"
 )
 
-// sidecarArg matches a "- --flag=value" line of a container's args.
-var sidecarArg = regexp.MustCompile(`(?m)^\s*-\s+(--[a-z][a-z0-9-]*(?:=\S*)?)\s*$`)
+// container is the part of a Kubernetes container spec the examples are
+// checked on.
+type container struct {
+	Name  string
+	Image string
+	Args  []string
+}
 
-// TestConfigExamplesUseRealFlags parses the sidecar's arguments out of
-// every example in configs/ and runs them through the real flag set and
+// workloads returns the containers of every pod template in a YAML file of
+// Kubernetes manifests.
+func workloads(t *testing.T, data []byte) [][]container {
+	t.Helper()
+	var out [][]container
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	for {
+		var doc struct {
+			Kind string
+			Spec struct {
+				Template struct {
+					Spec struct{ Containers []container }
+				}
+			}
+		}
+		if err := dec.Decode(&doc); err == io.EOF {
+			return out
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if cs := doc.Spec.Template.Spec.Containers; len(cs) > 0 {
+			out = append(out, cs)
+		}
+	}
+}
+
+// TestConfigExamplesUseRealFlags parses every Kubernetes example in
+// configs/ and runs the sidecar's arguments through the real flag set and
 // validation, so an example cannot name a flag that does not exist or a
-// value that would not start.
+// value that would not start; and checks that the Mimir container next to
+// it points its index cache at the sidecar's --listen address.
 func TestConfigExamplesUseRealFlags(t *testing.T) {
 	files, err := filepath.Glob("../../configs/*.yaml")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no examples in configs/: %v", err)
+	if err != nil {
+		t.Fatal(err)
 	}
+	examples := 0
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var args []string
-		for _, m := range sidecarArg.FindAllSubmatch(data, -1) {
-			args = append(args, string(m[1]))
+		for _, pod := range workloads(t, data) {
+			var sidecar *container
+			for i := range pod {
+				if strings.Contains(pod[i].Image, "mcsidecar") {
+					sidecar = &pod[i]
+				}
+			}
+			if sidecar == nil {
+				continue
+			}
+			examples++
+			var cfg config
+			fs := pflag.NewFlagSet("proxy", pflag.ContinueOnError)
+			fs.SetOutput(&bytes.Buffer{})
+			cfg.registerFlags(fs)
+			if err := fs.Parse(sidecar.Args); err != nil {
+				t.Errorf("%s: %v", f, err)
+				continue
+			}
+			if err := cfg.validate(); err != nil {
+				t.Errorf("%s: %v", f, err)
+			}
+			const cacheAddr = "-blocks-storage.bucket-store.index-cache.memcached.addresses="
+			pointed := false
+			for _, c := range pod {
+				for _, a := range c.Args {
+					if addr, ok := strings.CutPrefix(a, cacheAddr); ok && addr == cfg.proxy.Listen {
+						pointed = true
+					}
+				}
+			}
+			if !pointed {
+				t.Errorf("%s: no container sets %s%s", f, cacheAddr, cfg.proxy.Listen)
+			}
 		}
-		if len(args) == 0 {
-			t.Errorf("%s: no sidecar arguments found", f)
-			continue
-		}
-		var cfg config
-		fs := pflag.NewFlagSet("proxy", pflag.ContinueOnError)
-		fs.SetOutput(&bytes.Buffer{})
-		cfg.registerFlags(fs)
-		if err := fs.Parse(args); err != nil {
-			t.Errorf("%s: %v", f, err)
-			continue
-		}
-		if err := cfg.validate(); err != nil {
-			t.Errorf("%s: %v", f, err)
-		}
+	}
+	if examples == 0 {
+		t.Fatal("no Kubernetes example with an mcsidecar container in configs/")
 	}
 }
 
@@ -80,7 +135,9 @@ func TestBadFlagValueFailsBeforeListening(t *testing.T) {
 		{"--no-such-flag"},
 	} {
 		var out bytes.Buffer
-		err := run(append(args, "--listen=127.0.0.1:0", "--metrics-listen="), &out, &out)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := run(ctx, append(args, "--listen=127.0.0.1:0", "--metrics-listen="), &out, &out)
+		cancel()
 		if err == nil {
 			t.Errorf("%v: started, want an error", args)
 			continue
@@ -93,7 +150,7 @@ func TestBadFlagValueFailsBeforeListening(t *testing.T) {
 
 func TestVersionFlagPrintsVersion(t *testing.T) {
 	var out bytes.Buffer
-	if err := run([]string{"--version"}, &out, &out); err != nil {
+	if err := run(context.Background(), []string{"--version"}, &out, &out); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.HasPrefix(out.String(), "mcsidecar ") {

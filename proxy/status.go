@@ -1,0 +1,42 @@
+package proxy
+
+import "sync"
+
+// UpstreamStatus is one upstream server's state, for the status page.
+type UpstreamStatus struct {
+	Name string
+	// Err is nil when the server answered a version request just now.
+	Err error
+	// Ejected reports that the server is out after consecutive failures,
+	// its keys answered without it until a probe finds it back.
+	Ejected bool
+	// Failing reports that the last client request sent to the server
+	// could not connect or timed out, and none has succeeded since.
+	Failing bool
+	// Requests and Errors count the requests the server was sent and
+	// those that failed, since the proxy started.
+	Requests, Errors uint64
+}
+
+// Upstreams asks every upstream server for its version, at once, and
+// returns their states in the selector's order. Each answer is bounded by
+// the upstream timeouts.
+func (p *Proxy) Upstreams() []UpstreamStatus {
+	servers := p.upstreams().servers
+	out := make([]UpstreamStatus, len(servers))
+	var wg sync.WaitGroup
+	for i, s := range servers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var errs uint64
+			for k := range s.up.errors {
+				errs += s.up.errors[k].Load()
+			}
+			out[i] = UpstreamStatus{Name: s.name, Err: s.raw.ping(), Ejected: s.health.down.Load(), Failing: s.up.failing.Load(),
+				Requests: s.up.requests.Load(), Errors: errs}
+		}()
+	}
+	wg.Wait()
+	return out
+}

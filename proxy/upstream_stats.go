@@ -1,0 +1,108 @@
+package proxy
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// errKind is why an upstream request failed, the "kind" label of the
+// upstream error metric. Cache outcomes (miss, not stored, exists) and
+// memcached refusing a client's own request (a CLIENT_ERROR, an item over
+// its size limit) are answers, not failures.
+type errKind uint8
+
+const (
+	kindNone        errKind = iota // not a failure
+	kindConnect                    // no connection could be made
+	kindTimeout                    // the server did not answer in time
+	kindConnection                 // a connection broke: reset, closed
+	kindServerError                // the server answered SERVER_ERROR
+	kindProtocol                   // a reply the proxy could not read
+	kindEjected                    // not sent: the server is ejected
+	numKinds
+)
+
+var kindNames = [numKinds]string{"", "connect", "timeout", "connection", "server_error", "protocol", "ejected"}
+
+// kindOf sorts an upstream error. It is called only on the error path.
+func kindOf(err error) errKind {
+	if err == nil {
+		return kindNone
+	}
+	if errors.Is(err, errEjected) {
+		return kindEjected
+	}
+	if _, oc := upstreamReply(err); oc != outcomeUpstreamError {
+		return kindNone
+	}
+	var op *net.OpError
+	var cte *memcache.ConnectTimeoutError
+	switch {
+	case errors.As(err, &cte), errors.As(err, &op) && op.Op == "dial":
+		return kindConnect
+	case isTimeout(err):
+		return kindTimeout
+	case errors.Is(err, memcache.ErrServerError):
+		return kindServerError
+	case isConnError(err):
+		return kindConnection
+	}
+	if line, ok := relayedLine(err.Error()); ok && len(line) > 0 && line[0] == 'S' {
+		return kindServerError
+	}
+	return kindProtocol
+}
+
+// serverStats counts the requests one upstream server was sent, its
+// failures by kind and its latency. Every request to the server, through
+// gomemcache or the proxy's own pool, passes through observe.
+type serverStats struct {
+	name     string
+	log      *slog.Logger
+	all      *stats // the proxy-wide error total, for "stats"
+	requests atomic.Uint64
+	errors   [numKinds]atomic.Uint64
+	latency  prometheus.Observer
+	// failing is true from a failed connection or timeout until the next
+	// answer: the state change is logged, once each way, and the status
+	// page shows it.
+	failing atomic.Bool
+}
+
+func newServerStats(name string, st *stats) *serverStats {
+	return &serverStats{name: name, log: st.log, all: st, latency: st.upstreamLatency.WithLabelValues(name)}
+}
+
+// observe records one request to the server that began at start. A request
+// refused because the server is ejected was never sent: it counts as an
+// error of its own kind only.
+func (s *serverStats) observe(start time.Time, err error) {
+	if errors.Is(err, errEjected) {
+		s.errors[kindEjected].Add(1)
+		s.all.upstreamErrors.Add(1)
+		return
+	}
+	s.requests.Add(1)
+	s.latency.Observe(time.Since(start).Seconds())
+	k := kindOf(err)
+	if k != kindNone {
+		s.errors[k].Add(1)
+		s.all.upstreamErrors.Add(1)
+	}
+	switch k {
+	case kindConnect, kindTimeout, kindConnection:
+		if s.failing.CompareAndSwap(false, true) {
+			s.log.Warn("upstream failing", "server", s.name, "kind", kindNames[k], "err", err)
+		}
+	default:
+		if s.failing.CompareAndSwap(true, false) {
+			s.log.Info("upstream answers again", "server", s.name)
+		}
+	}
+}
