@@ -254,7 +254,7 @@ var metricName = regexp.MustCompile(`\b[a-z_:][a-z0-9_:]*\b`)
 // promqlWords are the words of the expressions in configs/ that are not
 // metric names.
 var promqlWords = map[string]bool{
-	"sum": true, "by": true, "rate": true, "topk": true, "count": true, "histogram_quantile": true,
+	"sum": true, "min": true, "or": true, "by": true, "rate": true, "topk": true, "count": true, "histogram_quantile": true,
 	"le": true, "instance": true, "server": true, "kind": true, "reason": true, "outcome": true, "command": true,
 	"result": true, "scheme": true, "step": true, "tenant": true, "version": true, "goversion": true,
 	"connect": true, "timeout": true, "connection": true, "upstream_error": true, "hit": true, "get": true, "gets": true,
