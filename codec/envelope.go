@@ -120,7 +120,9 @@ func (c *Codec) appendEncode(dst, key []byte, bindKey bool, flags uint32, value 
 		enc := c.encodeSnappy(dst[start+snappyAt:start+snappyAt+maxSnappyLen(n)], value)
 		if enc > 0 && enc <= limit && enc < body {
 			if snappyAt != lenAt {
-				copy(dst[start+lenAt:], dst[start+snappyAt:start+snappyAt+enc])
+				// Both ranges lie past len(dst), within its capacity:
+				// slice them explicitly, or copy sees an empty target.
+				copy(dst[start+lenAt:start+lenAt+enc], dst[start+snappyAt:start+snappyAt+enc])
 			}
 			codec, body = CodecSnappy, enc
 		}
