@@ -266,7 +266,7 @@ m_tw=$(median "${results[twemproxy]}")
 m_px=$(median "${results[proxy]}")
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 
-up_errors=$(curl -fsS --max-time 5 "http://127.0.0.1:$PX_METRICS/metrics" | awk '$1 == "mcsidecar_upstream_errors_total" { print $2 }')
+up_errors=$(curl -fsS --max-time 5 "http://127.0.0.1:$PX_METRICS/metrics" | awk '/^mcsidecar_upstream_errors_total[{ ]/ { n += $NF; seen = 1 } END { if (seen) print n }')
 echo "proxy upstream errors over all rounds: ${up_errors:-unknown}"
 echo "median ops/s over $ROUNDS rounds: memcached=$m_mc twemproxy=$m_tw proxy=$m_px"
 echo "ratios: proxy/memcached=$(ratio "$m_px" "$m_mc") twemproxy/memcached=$(ratio "$m_tw" "$m_mc") proxy/twemproxy=$(ratio "$m_px" "$m_tw")"
