@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -147,9 +148,13 @@ func (co *coalescer) lead(call *getCall) {
 	co.waiting = co.waiting[n:]
 	co.mu.Unlock()
 
-	co.up.all.upstreamGets.Add(1)
-	co.up.all.upstreamGetKeys.Add(uint64(len(keys)))
 	fetch(co.pool, co.up, retrieval{}, batch, keys)
+	// A batch refused because the server is ejected was never sent: it
+	// counts as an ejected error only, as in the server's own counters.
+	if !errors.Is(call.err, errEjected) {
+		co.up.all.upstreamGets.Add(1)
+		co.up.all.upstreamGetKeys.Add(uint64(len(keys)))
+	}
 	for _, c := range batch[1:] {
 		c.done <- signalDone
 	}

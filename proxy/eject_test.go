@@ -322,3 +322,58 @@ func TestEjectRehashMovesKeysOfTheEjectedServer(t *testing.T) {
 		}
 	}
 }
+
+// TestGetsToAnEjectedServerAreNotCountedAsSent times one get out against a
+// stuck server, which ejects it, then sends more gets, which the proxy
+// answers without sending anything. Only the first is an upstream get:
+// upstream_gets and upstream_get_keys, in "stats" and in the metrics,
+// count what reached a server, as mcsidecar_upstream_requests_total does;
+// the others are ejected errors.
+func TestGetsToAnEjectedServerAreNotCountedAsSent(t *testing.T) {
+	up, _, _ := stuckUntilReleased(t, startMemcached(t))
+	cfg := testConfig(up)
+	cfg.Timeout = 200 * time.Millisecond
+	cfg.FailureLimit = 1
+	cfg.RetryInterval = time.Hour // stays out for the whole test
+	p, addr := startProxy(t, cfg)
+	reg := prometheus.NewRegistry()
+	if err := p.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	c := newLineClient(t, addr)
+	if got := c.do("get k\r\n"); got != "END\r\n" {
+		t.Fatalf("get from a stuck server answered %q, want a miss", got)
+	}
+	if !p.upstreams().servers[0].health.down.Load() {
+		t.Fatal("not ejected after a timeout with --upstream-failure-limit 1")
+	}
+	for range 3 {
+		if got := c.do("get a b\r\n"); got != "END\r\n" {
+			t.Fatalf("get from an ejected server answered %q, want a miss", got)
+		}
+	}
+	if n := c.stat("upstream_gets"); n != 1 {
+		t.Errorf("upstream_gets = %d, want 1: only the first get was sent", n)
+	}
+	if n := c.stat("upstream_get_keys"); n != 1 {
+		t.Errorf("upstream_get_keys = %d, want 1", n)
+	}
+	want := `
+# HELP mcsidecar_upstream_get_keys_total Keys in the get requests sent upstream.
+# TYPE mcsidecar_upstream_get_keys_total counter
+mcsidecar_upstream_get_keys_total 1
+# HELP mcsidecar_upstream_gets_total Get requests sent upstream; concurrent client gets are coalesced into one.
+# TYPE mcsidecar_upstream_gets_total counter
+mcsidecar_upstream_gets_total 1
+# HELP mcsidecar_upstream_errors_total Upstream requests that failed, by server and kind: connect, timeout, connection (broken), server_error, protocol, ejected (not sent: the server is ejected).
+# TYPE mcsidecar_upstream_errors_total counter
+` + upstreamErrorsExposition(map[string]int{up + "/timeout": 1, up + "/ejected": 3}, up) + `
+# HELP mcsidecar_upstream_requests_total Requests sent to upstream servers, by server; a coalesced multi-get counts once.
+# TYPE mcsidecar_upstream_requests_total counter
+mcsidecar_upstream_requests_total{server="` + up + `"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "mcsidecar_upstream_gets_total", "mcsidecar_upstream_get_keys_total",
+		"mcsidecar_upstream_errors_total", "mcsidecar_upstream_requests_total"); err != nil {
+		t.Error(err)
+	}
+}
