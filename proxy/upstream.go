@@ -90,7 +90,10 @@ func (s *server) dropIdle(err error) {
 
 // close stops the server's prober and closes its idle connections. It is
 // called once no request uses the server any more: at the end of Shutdown,
-// or one DNS interval after discovery removed the server.
+// or one DNS interval after discovery removed the server. The health is
+// closed first: a request that ends after that closes its own connection
+// (see guarded.call), and one that ended before pooled it for the Close
+// below.
 func (s *server) close() {
 	s.health.close()
 	s.raw.close()
