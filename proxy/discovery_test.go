@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // fakeResolver answers DNS lookups from its tables, which a test changes
@@ -418,5 +420,79 @@ func TestRemovedServerLeavesNoConnectionBehind(t *testing.T) {
 	}
 	if !waitFor(3*time.Second, func() bool { return open.Load() == 0 }) {
 		t.Errorf("%d connections to the removed server still open after its request ended", open.Load())
+	}
+}
+
+// TestRemovedServerLeavesNoMetricSeries takes a server out of the set, and
+// later back in: while it is out, none of the per-server families exports
+// it (with DNS names that change as pods move, series of servers long gone
+// would pile up), and when it is back its request times are exported
+// again.
+func TestRemovedServerLeavesNoMetricSeries(t *testing.T) {
+	a, b := startMemcached(t), startMemcached(t)
+	p, r, _, c := srvProxy(t, 20*time.Millisecond, a, b)
+	reg := prometheus.NewRegistry()
+	if err := p.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	// servers returns the servers each per-server family has a series for.
+	servers := func() map[string][]string {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string][]string{}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "server" && !slices.Contains(out[mf.GetName()], l.GetValue()) {
+						out[mf.GetName()] = append(out[mf.GetName()], l.GetValue())
+					}
+				}
+			}
+		}
+		return out
+	}
+	// touchAll sends a request to every server of the current set, so
+	// each has observed a request time.
+	touchAll := func() {
+		t.Helper()
+		for i := range 40 {
+			k := "m:" + strconv.Itoa(i)
+			if got := c.do("set " + k + " 0 0 1\r\nv\r\n"); got != "STORED\r\n" {
+				t.Fatalf("set %s answered %q", k, got)
+			}
+		}
+	}
+	touchAll()
+	if got := servers()["mcsidecar_upstream_request_duration_seconds"]; len(got) != 2 {
+		t.Fatalf("request times exported for %q, want both servers", got)
+	}
+
+	before := p.upstreams()
+	removed := before.servers[slices.Index(before.names, b)]
+	r.change(func(r *fakeResolver) { r.srv["_memcached._tcp.cache.test"] = srvTo(r, a) })
+	closed := func() bool {
+		removed.raw.mu.Lock()
+		defer removed.raw.mu.Unlock()
+		return removed.raw.closed
+	}
+	if !waitFor(5*time.Second, closed) {
+		t.Fatal("the removed server was not closed")
+	}
+	for family, names := range servers() {
+		if slices.Contains(names, b) {
+			t.Errorf("%s still has a series for %s, removed from the set", family, b)
+		}
+	}
+
+	r.change(func(r *fakeResolver) { r.srv["_memcached._tcp.cache.test"] = srvTo(r, a, b) })
+	if !waitFor(5*time.Second, func() bool { return len(p.upstreams().names) == 2 }) {
+		t.Fatal("the server was not added back")
+	}
+	touchAll()
+	if got := servers()["mcsidecar_upstream_request_duration_seconds"]; !slices.Contains(got, b) {
+		t.Errorf("request times exported for %q after %s came back", got, b)
 	}
 }
