@@ -328,7 +328,8 @@ func TestEjectRehashMovesKeysOfTheEjectedServer(t *testing.T) {
 // answers without sending anything. Only the first is an upstream get:
 // upstream_gets and upstream_get_keys, in "stats" and in the metrics,
 // count what reached a server, as mcsidecar_upstream_requests_total does;
-// the others are ejected errors.
+// the others are ejected errors. The status page's "requests" and
+// "failed" likewise count what was sent: one request, failed.
 func TestGetsToAnEjectedServerAreNotCountedAsSent(t *testing.T) {
 	up, _, _ := stuckUntilReleased(t, startMemcached(t))
 	cfg := testConfig(up)
@@ -375,5 +376,8 @@ mcsidecar_upstream_requests_total{server="` + up + `"} 1
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "mcsidecar_upstream_gets_total", "mcsidecar_upstream_get_keys_total",
 		"mcsidecar_upstream_errors_total", "mcsidecar_upstream_requests_total"); err != nil {
 		t.Error(err)
+	}
+	if st := p.Upstreams()[0]; st.Requests != 1 || st.Errors != 1 || !st.Ejected {
+		t.Errorf("status: %d requests, %d failed, ejected %v; want 1 sent, 1 failed, ejected", st.Requests, st.Errors, st.Ejected)
 	}
 }
