@@ -381,3 +381,63 @@ mcsidecar_upstream_requests_total{server="` + up + `"} 1
 		t.Errorf("status: %d requests, %d failed, ejected %v; want 1 sent, 1 failed, ejected", st.Requests, st.Errors, st.Ejected)
 	}
 }
+
+// TestWriteBackTimeoutsCountTowardsEjection puts a relay in front of
+// memcached that passes every command but the meta set (ms) an append to
+// an enveloped item writes back with, which it swallows. With
+// --upstream-failure-limit 1, the append's write-back timing out ejects
+// the server, as any other request timing out does, and the timeout is
+// counted as the server's.
+func TestWriteBackTimeoutsCountTowardsEjection(t *testing.T) {
+	mc := startMemcached(t)
+	relay, _ := fakeUpstream(t, func(c net.Conn) {
+		up, err := net.Dial("tcp", mc)
+		if err != nil {
+			return
+		}
+		defer up.Close()
+		go io.Copy(c, up) // ends when up is closed
+		br := bufio.NewReader(c)
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				return
+			}
+			if w := strings.Fields(line); len(w) > 2 && w[0] == "ms" {
+				n, _ := strconv.Atoi(w[2])
+				if _, err := br.Discard(n + 2); err != nil {
+					return
+				}
+				continue // never answered
+			}
+			if _, err := io.WriteString(up, line); err != nil {
+				return
+			}
+			if w := strings.Fields(line); len(w) > 4 && w[0] == "set" {
+				n, _ := strconv.Atoi(w[4])
+				if _, err := io.CopyN(up, br, int64(n+2)); err != nil {
+					return
+				}
+			}
+		}
+	})
+	cfg := envelopeAllConfig(relay)
+	cfg.Timeout = 200 * time.Millisecond
+	cfg.FailureLimit = 1
+	cfg.RetryInterval = time.Hour // stays out for the whole test
+	p, addr := startProxy(t, cfg)
+	srv := p.upstreams().servers[0]
+	c := newLineClient(t, addr)
+	if got := c.do("set k 0 0 5\r\nhello\r\n"); got != "STORED\r\n" {
+		t.Fatalf("set answered %q", got)
+	}
+	if got := c.do("append k 0 0 6\r\n world\r\n"); got != "SERVER_ERROR upstream timeout\r\n" {
+		t.Fatalf("append whose write-back is never answered answered %q", got)
+	}
+	if !srv.health.down.Load() {
+		t.Error("a write-back that timed out did not count towards ejection")
+	}
+	if n := srv.up.errors[kindTimeout].Load(); n != 1 {
+		t.Errorf("%d timeouts counted for the server, want 1", n)
+	}
+}
