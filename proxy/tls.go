@@ -146,7 +146,11 @@ func withTLS(dial func(context.Context, string, string) (net.Conn, error), cfg *
 		tc := tls.Client(nc, cfg)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			nc.Close()
-			return nil, fmt.Errorf("tls handshake: %w", err)
+			// No connection could be made, as when the dial itself
+			// fails: a refused certificate is a connect error, counted
+			// towards ejecting the server, and a handshake that ran out
+			// of time stays a timeout (OpError asks its Err).
+			return nil, &net.OpError{Op: "dial", Net: nc.RemoteAddr().Network(), Addr: nc.RemoteAddr(), Err: err}
 		}
 		return tc, nil
 	}
