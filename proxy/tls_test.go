@@ -334,3 +334,33 @@ func TestTLSUpstreamChecksTheServerName(t *testing.T) {
 		}
 	}
 }
+
+// TestTLSUpstreamHandshakeIsBoundedByTheConnectTimeout points a proxy with
+// upstream TLS at a server that accepts connections and never answers the
+// handshake. The handshake is part of connecting: a set and a get each
+// give up after about --upstream-connect-timeout, well before the much
+// longer --upstream-timeout.
+func TestTLSUpstreamHandshakeIsBoundedByTheConnectTimeout(t *testing.T) {
+	up, _ := stuckUpstream(t)
+	cfg := testConfig(up)
+	cfg.ConnectTimeout = 100 * time.Millisecond
+	cfg.Timeout = 3 * time.Second
+	cfg.UpstreamTLS = UpstreamTLS{Enabled: true, InsecureSkipVerify: true}
+	_, addr := startProxy(t, cfg)
+	c := newLineClient(t, addr)
+	// Generous: the point is the connect timeout, not the upstream one.
+	bound := cfg.ConnectTimeout + 2*time.Second
+	for _, req := range []struct{ req, want string }{
+		{"set k 0 0 1\r\nx\r\n", "SERVER_ERROR upstream timeout\r\n"},
+		{"get k\r\n", "END\r\n"},
+	} {
+		start := time.Now()
+		got := c.do(req.req)
+		if took := time.Since(start); took > bound {
+			t.Errorf("%q took %v with a %v connect timeout, want under %v", req.req, took.Round(time.Millisecond), cfg.ConnectTimeout, bound)
+		}
+		if got != req.want {
+			t.Errorf("%q answered %q, want %q", req.req, got, req.want)
+		}
+	}
+}

@@ -50,7 +50,7 @@ func newServer(name string, cfg *Config, st *stats, log *slog.Logger) (*server, 
 		return nil, err
 	}
 	host, _, _ := net.SplitHostPort(addr) // empty for a unix socket
-	dial = withTLS(dial, tlsCfg, host)
+	dial = withTLS(dial, tlsCfg, host, cfg.ConnectTimeout)
 	var list memcache.ServerList
 	// gomemcache takes a path with a slash as a unix socket.
 	if err := list.SetServers(addr); err != nil {
