@@ -1,6 +1,9 @@
 package proxy
 
 import (
+	"errors"
+	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -15,6 +18,8 @@ type getCall struct {
 	arena []byte // the values of items
 	err   error
 	done  chan signal
+	// queued is when the call began to wait in line, if it did.
+	queued time.Time
 
 	// Scratch for when this call leads a batch.
 	batch     []*getCall
@@ -122,6 +127,7 @@ func (co *coalescer) get(call *getCall) {
 		co.lead(call)
 		return
 	}
+	call.queued = time.Now()
 	co.waiting = append(co.waiting, call)
 	co.mu.Unlock()
 	if <-call.done == signalLead {
@@ -147,9 +153,13 @@ func (co *coalescer) lead(call *getCall) {
 	co.waiting = co.waiting[n:]
 	co.mu.Unlock()
 
-	co.up.all.upstreamGets.Add(1)
-	co.up.all.upstreamGetKeys.Add(uint64(len(keys)))
 	fetch(co.pool, co.up, retrieval{}, batch, keys)
+	// A batch refused because the server is ejected was never sent: it
+	// counts as an ejected error only, as in the server's own counters.
+	if !errors.Is(call.err, errEjected) {
+		co.up.all.upstreamGets.Add(1)
+		co.up.all.upstreamGetKeys.Add(uint64(len(keys)))
+	}
 	for _, c := range batch[1:] {
 		c.done <- signalDone
 	}
@@ -158,15 +168,38 @@ func (co *coalescer) lead(call *getCall) {
 	call.batch, call.batchKeys = batch[:0], keys[:0]
 
 	co.mu.Lock()
-	if len(co.waiting) > 0 {
-		next := co.waiting[0]
+	// Calls that have waited in line for longer than the upstream timeout
+	// give up, unsent: otherwise, behind a server that times out, the
+	// n-th call in line would wait n timeouts. The line is in arrival
+	// order, so they are at its front.
+	expired := call.batch[:0]
+	for len(co.waiting) > 0 && time.Since(co.waiting[0].queued) >= co.pool.timeout {
+		expired = append(expired, co.waiting[0])
 		co.waiting[0] = nil
 		co.waiting = co.waiting[1:]
-		co.mu.Unlock()
-		next.done <- signalLead
-		return
 	}
-	co.active--
-	co.waiting = co.waiting[:0:0]
+	var next *getCall
+	if len(co.waiting) > 0 {
+		next = co.waiting[0]
+		co.waiting[0] = nil
+		co.waiting = co.waiting[1:]
+	} else {
+		co.active--
+		co.waiting = co.waiting[:0:0]
+	}
 	co.mu.Unlock()
+	for _, c := range expired {
+		c.err = errQueueTimeout
+		c.done <- signalDone
+	}
+	clear(expired)
+	call.batch = expired[:0]
+	if next != nil {
+		next.done <- signalLead
+	}
 }
+
+// errQueueTimeout fails a get that waited in line for its server longer
+// than the upstream timeout. The client sees a timeout: a miss, or
+// SERVER_ERROR upstream timeout.
+var errQueueTimeout = fmt.Errorf("waited for a free upstream get longer than the upstream timeout: %w", os.ErrDeadlineExceeded)

@@ -269,11 +269,7 @@ func (p *Proxy) discover(ctx context.Context) {
 	t := time.NewTicker(p.cfg.DNSInterval)
 	defer t.Stop()
 	var retired []*server
-	defer func() {
-		for _, s := range retired {
-			s.close()
-		}
-	}()
+	defer func() { p.retire(retired) }()
 	failing := false
 	for {
 		select {
@@ -281,9 +277,7 @@ func (p *Proxy) discover(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		for _, s := range retired {
-			s.close()
-		}
+		p.retire(retired)
 		retired = nil
 		lctx, cancel := context.WithTimeout(ctx, min(p.cfg.DNSInterval, lookupTimeout))
 		names, err := resolve(lctx, p.resolver(), p.cfg.Upstreams)
@@ -316,6 +310,21 @@ func (p *Proxy) discover(ctx context.Context) {
 		p.up.Store(u)
 		retired = removed
 		p.log.Info("upstream servers changed", "servers", u.names, "removed", len(removed))
+	}
+}
+
+// retire closes servers that discovery removed, and drops the request
+// time series of each that the current set does not name: the other
+// per-server families export only the current set, and with DNS names
+// that change as pods move, series of servers long gone would pile up. A
+// server named again later starts a new series.
+func (p *Proxy) retire(servers []*server) {
+	current := p.upstreams().names
+	for _, s := range servers {
+		s.close()
+		if !slices.Contains(current, s.name) {
+			p.stats.upstreamLatency.DeleteLabelValues(s.name)
+		}
 	}
 }
 

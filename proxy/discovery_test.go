@@ -1,15 +1,20 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // fakeResolver answers DNS lookups from its tables, which a test changes
@@ -333,5 +338,161 @@ func TestFailedLookupKeepsLastServers(t *testing.T) {
 	}
 	if n := logs.count("upstream servers changed"); n != 0 {
 		t.Errorf("logged %d set changes, want none", n)
+	}
+}
+
+// TestRemovedServerLeavesNoConnectionBehind holds a set's reply at a relay
+// in front of memcached while discovery removes that server and closes it:
+// the request still in flight on the old set finishes, and then its
+// connection is closed rather than kept idle in a pool nothing will ever
+// use or close again.
+func TestRemovedServerLeavesNoConnectionBehind(t *testing.T) {
+	target, other := startMemcached(t), startMemcached(t)
+	var open atomic.Int32
+	seen := make(chan struct{}, 1)
+	release := make(chan struct{})
+	relay, _ := fakeUpstream(t, func(c net.Conn) {
+		open.Add(1)
+		defer open.Add(-1)
+		up, err := net.Dial("tcp", target)
+		if err != nil {
+			return
+		}
+		defer up.Close()
+		go func() {
+			// Replies wait for release, then flow; this ends when
+			// up is closed.
+			br := bufio.NewReader(up)
+			if _, err := br.Peek(1); err != nil {
+				return
+			}
+			<-release
+			io.Copy(c, br)
+		}()
+		buf := make([]byte, 4096)
+		for {
+			n, err := c.Read(buf)
+			if n > 0 {
+				select {
+				case seen <- struct{}{}:
+				default:
+				}
+				up.Write(buf[:n])
+			}
+			if err != nil {
+				return // the proxy closed its connection
+			}
+		}
+	})
+
+	r := &fakeResolver{hosts: map[string][]string{}, srv: map[string][]*net.SRV{}}
+	r.srv["_memcached._tcp.cache.test"] = srvTo(r, relay)
+	cfg := testConfig("dnssrv+_memcached._tcp.cache.test")
+	cfg.Resolver = r
+	cfg.DNSInterval = 20 * time.Millisecond
+	cfg.Timeout = 10 * time.Second // the held reply must not time out
+	p, addr := startProxy(t, cfg)
+	removed := p.upstreams().servers[0]
+
+	c := dial(t, addr)
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.WriteString(c, "set k 0 0 1\r\nv\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-seen:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the set did not reach the relay")
+	}
+	r.change(func(r *fakeResolver) { r.srv["_memcached._tcp.cache.test"] = srvTo(r, other) })
+	closed := func() bool {
+		removed.raw.mu.Lock()
+		defer removed.raw.mu.Unlock()
+		return removed.raw.closed
+	}
+	if !waitFor(5*time.Second, closed) {
+		t.Fatal("the removed server was not closed")
+	}
+	close(release)
+	reply, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || reply != "STORED\r\n" {
+		t.Fatalf("set answered %q, %v", reply, err)
+	}
+	if !waitFor(3*time.Second, func() bool { return open.Load() == 0 }) {
+		t.Errorf("%d connections to the removed server still open after its request ended", open.Load())
+	}
+}
+
+// TestRemovedServerLeavesNoMetricSeries takes a server out of the set, and
+// later back in: while it is out, none of the per-server families exports
+// it (with DNS names that change as pods move, series of servers long gone
+// would pile up), and when it is back its request times are exported
+// again.
+func TestRemovedServerLeavesNoMetricSeries(t *testing.T) {
+	a, b := startMemcached(t), startMemcached(t)
+	p, r, _, c := srvProxy(t, 20*time.Millisecond, a, b)
+	reg := prometheus.NewRegistry()
+	if err := p.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	// servers returns the servers each per-server family has a series for.
+	servers := func() map[string][]string {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string][]string{}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "server" && !slices.Contains(out[mf.GetName()], l.GetValue()) {
+						out[mf.GetName()] = append(out[mf.GetName()], l.GetValue())
+					}
+				}
+			}
+		}
+		return out
+	}
+	// touchAll sends a request to every server of the current set, so
+	// each has observed a request time.
+	touchAll := func() {
+		t.Helper()
+		for i := range 40 {
+			k := "m:" + strconv.Itoa(i)
+			if got := c.do("set " + k + " 0 0 1\r\nv\r\n"); got != "STORED\r\n" {
+				t.Fatalf("set %s answered %q", k, got)
+			}
+		}
+	}
+	touchAll()
+	if got := servers()["mcsidecar_upstream_request_duration_seconds"]; len(got) != 2 {
+		t.Fatalf("request times exported for %q, want both servers", got)
+	}
+
+	before := p.upstreams()
+	removed := before.servers[slices.Index(before.names, b)]
+	r.change(func(r *fakeResolver) { r.srv["_memcached._tcp.cache.test"] = srvTo(r, a) })
+	closed := func() bool {
+		removed.raw.mu.Lock()
+		defer removed.raw.mu.Unlock()
+		return removed.raw.closed
+	}
+	if !waitFor(5*time.Second, closed) {
+		t.Fatal("the removed server was not closed")
+	}
+	for family, names := range servers() {
+		if slices.Contains(names, b) {
+			t.Errorf("%s still has a series for %s, removed from the set", family, b)
+		}
+	}
+
+	r.change(func(r *fakeResolver) { r.srv["_memcached._tcp.cache.test"] = srvTo(r, a, b) })
+	if !waitFor(5*time.Second, func() bool { return len(p.upstreams().names) == 2 }) {
+		t.Fatal("the server was not added back")
+	}
+	touchAll()
+	if got := servers()["mcsidecar_upstream_request_duration_seconds"]; !slices.Contains(got, b) {
+		t.Errorf("request times exported for %q after %s came back", got, b)
 	}
 }

@@ -322,3 +322,122 @@ func TestEjectRehashMovesKeysOfTheEjectedServer(t *testing.T) {
 		}
 	}
 }
+
+// TestGetsToAnEjectedServerAreNotCountedAsSent times one get out against a
+// stuck server, which ejects it, then sends more gets, which the proxy
+// answers without sending anything. Only the first is an upstream get:
+// upstream_gets and upstream_get_keys, in "stats" and in the metrics,
+// count what reached a server, as mcsidecar_upstream_requests_total does;
+// the others are ejected errors. The status page's "requests" and
+// "failed" likewise count what was sent: one request, failed.
+func TestGetsToAnEjectedServerAreNotCountedAsSent(t *testing.T) {
+	up, _, _ := stuckUntilReleased(t, startMemcached(t))
+	cfg := testConfig(up)
+	cfg.Timeout = 200 * time.Millisecond
+	cfg.FailureLimit = 1
+	cfg.RetryInterval = time.Hour // stays out for the whole test
+	p, addr := startProxy(t, cfg)
+	reg := prometheus.NewRegistry()
+	if err := p.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	c := newLineClient(t, addr)
+	if got := c.do("get k\r\n"); got != "END\r\n" {
+		t.Fatalf("get from a stuck server answered %q, want a miss", got)
+	}
+	if !p.upstreams().servers[0].health.down.Load() {
+		t.Fatal("not ejected after a timeout with --upstream-failure-limit 1")
+	}
+	for range 3 {
+		if got := c.do("get a b\r\n"); got != "END\r\n" {
+			t.Fatalf("get from an ejected server answered %q, want a miss", got)
+		}
+	}
+	if n := c.stat("upstream_gets"); n != 1 {
+		t.Errorf("upstream_gets = %d, want 1: only the first get was sent", n)
+	}
+	if n := c.stat("upstream_get_keys"); n != 1 {
+		t.Errorf("upstream_get_keys = %d, want 1", n)
+	}
+	want := `
+# HELP mcsidecar_upstream_get_keys_total Keys in the get requests sent upstream.
+# TYPE mcsidecar_upstream_get_keys_total counter
+mcsidecar_upstream_get_keys_total 1
+# HELP mcsidecar_upstream_gets_total Get requests sent upstream; concurrent client gets are coalesced into one.
+# TYPE mcsidecar_upstream_gets_total counter
+mcsidecar_upstream_gets_total 1
+# HELP mcsidecar_upstream_errors_total Upstream requests that failed, by server and kind: connect, timeout, connection (broken), server_error, protocol, ejected (not sent: the server is ejected).
+# TYPE mcsidecar_upstream_errors_total counter
+` + upstreamErrorsExposition(map[string]int{up + "/timeout": 1, up + "/ejected": 3}, up) + `
+# HELP mcsidecar_upstream_requests_total Requests sent to upstream servers, by server; a coalesced multi-get counts once.
+# TYPE mcsidecar_upstream_requests_total counter
+mcsidecar_upstream_requests_total{server="` + up + `"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "mcsidecar_upstream_gets_total", "mcsidecar_upstream_get_keys_total",
+		"mcsidecar_upstream_errors_total", "mcsidecar_upstream_requests_total"); err != nil {
+		t.Error(err)
+	}
+	if st := p.Upstreams()[0]; st.Requests != 1 || st.Errors != 1 || !st.Ejected {
+		t.Errorf("status: %d requests, %d failed, ejected %v; want 1 sent, 1 failed, ejected", st.Requests, st.Errors, st.Ejected)
+	}
+}
+
+// TestWriteBackTimeoutsCountTowardsEjection puts a relay in front of
+// memcached that passes every command but the meta set (ms) an append to
+// an enveloped item writes back with, which it swallows. With
+// --upstream-failure-limit 1, the append's write-back timing out ejects
+// the server, as any other request timing out does, and the timeout is
+// counted as the server's.
+func TestWriteBackTimeoutsCountTowardsEjection(t *testing.T) {
+	mc := startMemcached(t)
+	relay, _ := fakeUpstream(t, func(c net.Conn) {
+		up, err := net.Dial("tcp", mc)
+		if err != nil {
+			return
+		}
+		defer up.Close()
+		go io.Copy(c, up) // ends when up is closed
+		br := bufio.NewReader(c)
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				return
+			}
+			if w := strings.Fields(line); len(w) > 2 && w[0] == "ms" {
+				n, _ := strconv.Atoi(w[2])
+				if _, err := br.Discard(n + 2); err != nil {
+					return
+				}
+				continue // never answered
+			}
+			if _, err := io.WriteString(up, line); err != nil {
+				return
+			}
+			if w := strings.Fields(line); len(w) > 4 && w[0] == "set" {
+				n, _ := strconv.Atoi(w[4])
+				if _, err := io.CopyN(up, br, int64(n+2)); err != nil {
+					return
+				}
+			}
+		}
+	})
+	cfg := envelopeAllConfig(relay)
+	cfg.Timeout = 200 * time.Millisecond
+	cfg.FailureLimit = 1
+	cfg.RetryInterval = time.Hour // stays out for the whole test
+	p, addr := startProxy(t, cfg)
+	srv := p.upstreams().servers[0]
+	c := newLineClient(t, addr)
+	if got := c.do("set k 0 0 5\r\nhello\r\n"); got != "STORED\r\n" {
+		t.Fatalf("set answered %q", got)
+	}
+	if got := c.do("append k 0 0 6\r\n world\r\n"); got != "SERVER_ERROR upstream timeout\r\n" {
+		t.Fatalf("append whose write-back is never answered answered %q", got)
+	}
+	if !srv.health.down.Load() {
+		t.Error("a write-back that timed out did not count towards ejection")
+	}
+	if n := srv.up.errors[kindTimeout].Load(); n != 1 {
+		t.Errorf("%d timeouts counted for the server, want 1", n)
+	}
+}

@@ -451,3 +451,56 @@ func TestServerErrorFromUpstreamIsRelayed(t *testing.T) {
 		t.Errorf("proxy replied %q, memcached replied %q", got, want)
 	}
 }
+
+// TestQueuedGetsEndWithinTheirTimeout sends 15 gets at once through a
+// proxy allowed one get at a time, one key per batch, to a server that
+// never answers, with ejection off. Each get used to wait in line for all
+// the gets before it to time out, one by one: the last one answered after
+// 15 upstream timeouts. Time spent waiting in line counts against the
+// timeout, so every get ends within a few upstream timeouts, as a miss.
+func TestQueuedGetsEndWithinTheirTimeout(t *testing.T) {
+	up, _ := stuckUpstream(t)
+	cfg := testConfig(up)
+	cfg.Timeout = 200 * time.Millisecond
+	cfg.ConnectTimeout = 100 * time.Millisecond
+	cfg.GetConcurrency = 1
+	cfg.GetBatchKeys = 1
+	_, addr := startProxy(t, cfg)
+	const clients = 15
+	// In line up to one timeout, then one upstream request, which may
+	// be tried twice; the rest is slack for a loaded machine.
+	bound := 3*cfg.Timeout + cfg.ConnectTimeout + time.Second
+	conns := make([]*lineClient, clients)
+	for i := range conns {
+		conns[i] = newLineClient(t, addr)
+	}
+	type result struct {
+		reply string
+		took  time.Duration
+		err   error
+	}
+	results := make(chan result, clients)
+	for i, c := range conns {
+		go func() {
+			start := time.Now()
+			c.c.SetDeadline(start.Add(10 * time.Second))
+			if _, err := io.WriteString(c.c, "get k"+strconv.Itoa(i)+"\r\n"); err != nil {
+				results <- result{err: err}
+				return
+			}
+			reply, err := readReply(c.br)
+			results <- result{reply, time.Since(start), err}
+		}()
+	}
+	for range clients {
+		r := <-results
+		switch {
+		case r.err != nil:
+			t.Errorf("get: %v", r.err)
+		case r.reply != "END\r\n":
+			t.Errorf("get answered %q, want a miss", r.reply)
+		case r.took > bound:
+			t.Errorf("a get took %v with a %v upstream timeout, want under %v", r.took.Round(time.Millisecond), cfg.Timeout, bound)
+		}
+	}
+}

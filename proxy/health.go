@@ -122,6 +122,17 @@ func (h *health) probeUntilBack() {
 	h.log.Info("upstream server back", "server", h.name, "ejected_for", time.Since(h.since).Round(time.Millisecond))
 }
 
+// isClosed reports whether close has begun. It takes no lock: a closed
+// channel is seen closed without one.
+func (h *health) isClosed() bool {
+	select {
+	case <-h.stop:
+		return true
+	default:
+		return false
+	}
+}
+
 // close stops the prober, if one runs, and waits for it. A probe in flight
 // ends within the upstream timeout.
 func (h *health) close() {
@@ -152,6 +163,12 @@ func (g guarded) call(req func() error) error {
 	}
 	start := time.Now()
 	err := req()
+	if g.h.isClosed() {
+		// The server was closed while this request ran (discovery
+		// removed it): gomemcache pooled the connection again after
+		// Close emptied the pool, and no one would close it later.
+		g.Close()
+	}
 	g.st.observe(start, err)
 	return g.h.observe(err)
 }

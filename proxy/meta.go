@@ -143,9 +143,15 @@ func parseDecimal(b []byte, max uint64) (uint64, bool) {
 // other requests on this pool it is never sent twice: when a reply is lost
 // the write may have happened, and joining twice would corrupt the value.
 func (p *rawPool) storeIfUnchanged(key string, it metaItem, value []byte) (conflict, notStored bool, err error) {
+	// Not through do, which may send twice, but under the server's
+	// health all the same: refused while it is ejected, and counted
+	// towards ejecting it.
+	if err := p.health.admit(); err != nil {
+		return false, false, err
+	}
 	c, _, err := p.get()
 	if err != nil {
-		return false, false, err
+		return false, false, p.health.observe(err)
 	}
 	ttl := int64(it.ttl)
 	switch {
@@ -189,5 +195,5 @@ func (p *rawPool) storeIfUnchanged(key string, it metaItem, value []byte) (confl
 		}
 		return nil
 	})
-	return conflict, notStored, err
+	return conflict, notStored, p.health.observe(err)
 }

@@ -14,7 +14,8 @@ type UpstreamStatus struct {
 	// could not connect or timed out, and none has succeeded since.
 	Failing bool
 	// Requests and Errors count the requests the server was sent and
-	// those that failed, since the proxy started.
+	// those that failed, since the proxy started; a request refused
+	// because the server is ejected is in neither.
 	Requests, Errors uint64
 }
 
@@ -29,9 +30,13 @@ func (p *Proxy) Upstreams() []UpstreamStatus {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// Requests refused because the server is ejected were
+			// never sent: they are neither requests nor failures here.
 			var errs uint64
 			for k := range s.up.errors {
-				errs += s.up.errors[k].Load()
+				if errKind(k) != kindEjected {
+					errs += s.up.errors[k].Load()
+				}
 			}
 			out[i] = UpstreamStatus{Name: s.name, Err: s.raw.ping(), Ejected: s.health.down.Load(), Failing: s.up.failing.Load(),
 				Requests: s.up.requests.Load(), Errors: errs}

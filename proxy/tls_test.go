@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -287,5 +288,79 @@ func TestTLSFlagsMustGoTogether(t *testing.T) {
 	cfg.TLS = ServerTLS{CertPath: "/nonexistent/c.pem", KeyPath: "/nonexistent/k.pem"}
 	if _, err := New(cfg, "test", nil); err == nil || !strings.Contains(err.Error(), "--tls-cert-path") {
 		t.Errorf("New with missing certificate files: %v", err)
+	}
+}
+
+// TestTLSUpstreamChecksTheServerName runs memcached with a certificate for
+// 127.0.0.1 and localhost: a proxy that expects another name refuses the
+// server, one that expects localhost (or, by default, the address dialed)
+// uses it. Verification covers the name, not only the CA. A server whose
+// certificate is refused could not be connected to: its failures are of
+// kind connect, like a refused connection, and count towards ejecting it.
+func TestTLSUpstreamChecksTheServerName(t *testing.T) {
+	pki := newTestPKI(t, "memcached")
+	srvCert, srvKey := pki.issue(t, "memcached", x509.ExtKeyUsageServerAuth)
+	mc := startMemcached(t, "-Z", "-o", "ssl_chain_cert="+srvCert+",ssl_key="+srvKey)
+	for _, tc := range []struct{ serverName, want string }{
+		{"", "STORED\r\n"},
+		{"localhost", "STORED\r\n"},
+		{"memcached.other.test", "SERVER_ERROR upstream unavailable\r\n"},
+	} {
+		cfg := testConfig(mc)
+		cfg.Timeout = 500 * time.Millisecond
+		cfg.FailureLimit = 2
+		cfg.RetryInterval = time.Hour // stays out for the whole test
+		cfg.UpstreamTLS = UpstreamTLS{Enabled: true, CAPath: pki.caPath, ServerName: tc.serverName}
+		p, addr := startProxy(t, cfg)
+		c := newLineClient(t, addr)
+		for range cfg.FailureLimit {
+			if got := c.do("set k 0 0 1\r\nx\r\n"); got != tc.want {
+				t.Errorf("with server name %q, set answered %q, want %q", tc.serverName, got, tc.want)
+			}
+		}
+		if tc.want == "STORED\r\n" {
+			continue
+		}
+		srv := p.upstreams().servers[0]
+		if n := srv.up.errors[kindConnect].Load(); n == 0 {
+			var kinds []string
+			for k := kindNone + 1; k < numKinds; k++ {
+				kinds = append(kinds, kindNames[k]+"="+strconv.FormatUint(srv.up.errors[k].Load(), 10))
+			}
+			t.Errorf("a refused certificate counted as %v, want connect", kinds)
+		}
+		if !srv.health.down.Load() {
+			t.Error("a server whose certificate is refused was not ejected")
+		}
+	}
+}
+
+// TestTLSUpstreamHandshakeIsBoundedByTheConnectTimeout points a proxy with
+// upstream TLS at a server that accepts connections and never answers the
+// handshake. The handshake is part of connecting: a set and a get each
+// give up after about --upstream-connect-timeout, well before the much
+// longer --upstream-timeout.
+func TestTLSUpstreamHandshakeIsBoundedByTheConnectTimeout(t *testing.T) {
+	up, _ := stuckUpstream(t)
+	cfg := testConfig(up)
+	cfg.ConnectTimeout = 100 * time.Millisecond
+	cfg.Timeout = 3 * time.Second
+	cfg.UpstreamTLS = UpstreamTLS{Enabled: true, InsecureSkipVerify: true}
+	_, addr := startProxy(t, cfg)
+	c := newLineClient(t, addr)
+	// Generous: the point is the connect timeout, not the upstream one.
+	bound := cfg.ConnectTimeout + 2*time.Second
+	for _, req := range []struct{ req, want string }{
+		{"set k 0 0 1\r\nx\r\n", "SERVER_ERROR upstream timeout\r\n"},
+		{"get k\r\n", "END\r\n"},
+	} {
+		start := time.Now()
+		got := c.do(req.req)
+		if took := time.Since(start); took > bound {
+			t.Errorf("%q took %v with a %v connect timeout, want under %v", req.req, took.Round(time.Millisecond), cfg.ConnectTimeout, bound)
+		}
+		if got != req.want {
+			t.Errorf("%q answered %q, want %q", req.req, got, req.want)
+		}
 	}
 }

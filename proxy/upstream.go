@@ -50,7 +50,7 @@ func newServer(name string, cfg *Config, st *stats, log *slog.Logger) (*server, 
 		return nil, err
 	}
 	host, _, _ := net.SplitHostPort(addr) // empty for a unix socket
-	dial = withTLS(dial, tlsCfg, host)
+	dial = withTLS(dial, tlsCfg, host, cfg.ConnectTimeout)
 	var list memcache.ServerList
 	// gomemcache takes a path with a slash as a unix socket.
 	if err := list.SetServers(addr); err != nil {
@@ -90,7 +90,10 @@ func (s *server) dropIdle(err error) {
 
 // close stops the server's prober and closes its idle connections. It is
 // called once no request uses the server any more: at the end of Shutdown,
-// or one DNS interval after discovery removed the server.
+// or one DNS interval after discovery removed the server. The health is
+// closed first: a request that ends after that closes its own connection
+// (see guarded.call), and one that ended before pooled it for the Close
+// below.
 func (s *server) close() {
 	s.health.close()
 	s.raw.close()
