@@ -62,8 +62,9 @@
 //
 // Reading checks, in order: the reserved bit and the least size, the
 // version, that a binding is stored exactly when one is expected, the rest
-// of the header, the checksum, the binding, the codec id, the decoded length
-// against the payload, and the decode itself. The first failure is returned
+// of the header, the decoded length against Config.MaxValueSize, the
+// checksum, the binding, the codec id, the decoded length against the
+// payload, and the decode itself. The first failure is returned
 // as an *Error naming its Reason; the caller serves a miss. Values of 4 GiB
 // or more cannot be enveloped (memcached items stop at 1 GiB).
 //
@@ -148,6 +149,7 @@ type Codec struct {
 	minSize    int
 	minSavings float64
 	postings   bool
+	maxValue   uint64 // 0: as long as the format records
 }
 
 // New returns a Codec for cfg, or the first reason cfg cannot work.
@@ -160,6 +162,7 @@ func New(cfg Config) (*Codec, error) {
 		minSize:    cfg.MinSize,
 		minSavings: cfg.MinSavings,
 		postings:   cfg.Postings,
+		maxValue:   uint64(max(cfg.MaxValueSize, 0)),
 	}
 	for _, p := range cfg.Prefixes {
 		c.prefixes = append(c.prefixes, []byte(p))

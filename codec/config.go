@@ -41,6 +41,12 @@ type Config struct {
 	// an older version read such items as misses (unknown codec): keep it
 	// off while one of them still reads the same upstreams.
 	Postings bool
+	// MaxValueSize, when above 0, is the longest value the caller ever
+	// envelopes: a stored envelope that records a longer one is refused
+	// before memory is sized for it, so a forged item cannot make a read
+	// allocate many times its stored size. The proxy sets it from
+	// --max-value-size; it is not a flag of its own.
+	MaxValueSize int
 	// DeleteCorrupt asks the proxy to delete an item upstream when its
 	// envelope is refused for a reason that is Damaged. The codec itself
 	// never acts on it.

@@ -179,6 +179,9 @@ func (c *Codec) AppendDecode(dst, key []byte, bindKey bool, storedFlags uint32, 
 	if k <= 0 || n > maxDecodedLen {
 		return dst, 0, ErrBadHeader
 	}
+	if c.maxValue > 0 && n > c.maxValue {
+		return dst, 0, ErrLengthMismatch
+	}
 	flags = c.clientFlags(storedFlags, hdr)
 	if checksum(flags, key, stored, nil) != binary.LittleEndian.Uint32(stored[crcOffset:]) {
 		return dst, 0, ErrChecksumMismatch

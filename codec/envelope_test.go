@@ -602,3 +602,29 @@ func TestIncompressibleFirstBlockGivesUpEarly(t *testing.T) {
 	}
 	mustDecodeTo(t, c, testKey, false, sf, stored, v, 0)
 }
+
+// TestDecodeRefusesValuesOverTheMaximum checks that an envelope recording a
+// value longer than Config.MaxValueSize is refused without allocating for
+// it: a postings payload can record many times its stored size, and such an
+// item can only have been forged, since the proxy never envelopes values
+// that long.
+func TestDecodeRefusesValuesOverTheMaximum(t *testing.T) {
+	value := postingsRuns(100_000, 1) // stores at a fraction of its size
+	writer := newTestCodec(t, nil)
+	stored, sf := writer.AppendEncodePostings(nil, testKey, false, 0, value)
+	if len(stored)*4 > len(value) {
+		t.Fatalf("stored %d of %d bytes: the test needs a value that compresses", len(stored), len(value))
+	}
+	reader := newTestCodec(t, func(cfg *Config) { cfg.MaxValueSize = len(value) - 1 })
+	var err error
+	allocs := testing.AllocsPerRun(10, func() {
+		_, _, err = reader.AppendDecode(nil, testKey, false, sf, stored)
+	})
+	if !errors.Is(err, ErrLengthMismatch) || allocs != 0 {
+		t.Errorf("decode over the maximum: err %v, %v allocations; want %v and none", err, allocs, ErrLengthMismatch)
+	}
+	exact := newTestCodec(t, func(cfg *Config) { cfg.MaxValueSize = len(value) })
+	if got, _, err := exact.AppendDecode(nil, testKey, false, sf, stored); err != nil || !bytes.Equal(got, value) {
+		t.Errorf("decode at the maximum: %v", err)
+	}
+}

@@ -60,6 +60,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 	var cd *codec.Codec
 	if cfg.Codec != nil {
 		own := *cfg.Codec // the caller's may change; the proxy's must not
+		own.MaxValueSize = cfg.maxValueSize()
 		cfg.Codec = &own
 		if cd, err = codec.New(own); err != nil {
 			return nil, err
