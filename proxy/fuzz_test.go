@@ -220,7 +220,8 @@ func checkTooLong(t *testing.T, call string, rest []byte, limit int) {
 
 // FuzzProxy sends arbitrary bytes to a proxy in front of a real memcached.
 // Whatever arrives, the proxy must not crash, must end the connection once
-// the client has sent everything, and must go on serving other clients.
+// the client has sent everything, must answer only in memcached's reply
+// grammar (checkReplies), and must go on serving other clients.
 func FuzzProxy(f *testing.F) {
 	for _, tc := range diffCases {
 		// The two cases with 100 KB and 1 MiB values exceed maxFuzzInput
@@ -259,6 +260,11 @@ func FuzzProxy(f *testing.F) {
 			if n := len(reply.tail); n > 0 && !bytes.HasSuffix(reply.tail, crlf) {
 				t.Errorf("reply of %d bytes ends mid-line: …%q", reply.total, reply.tail)
 			}
+			if reply.all != nil {
+				if err := checkReplies(reply.all, input); err != nil {
+					t.Errorf("%v; reply %q", err, short(string(reply.all)))
+				}
+			}
 		case errors.Is(err, syscall.ECONNRESET):
 			// The proxy closed with input still unread (after quit or a
 			// framing error), so the kernel reset the connection.
@@ -285,22 +291,106 @@ func FuzzProxy(f *testing.F) {
 	})
 }
 
+// maxCheckedReply bounds the reply FuzzProxy keeps whole to check its
+// grammar; a larger one (many gets of a large value) is only counted.
+const maxCheckedReply = 1 << 20
+
 // replyRecord keeps the start and the end of what a server sent, so that a
-// large reply costs no memory.
+// large reply costs no memory, and all of it while it stays within
+// maxCheckedReply (all is nil past that).
 type replyRecord struct {
 	head  []byte
 	tail  []byte
+	all   []byte
 	total int
 }
 
 func (r *replyRecord) Write(p []byte) (int, error) {
 	r.total += len(p)
+	if r.total <= maxCheckedReply {
+		r.all = append(r.all, p...)
+	} else {
+		r.all = nil
+	}
 	if room := 1024 - len(r.head); room > 0 {
 		r.head = append(r.head, p[:min(room, len(p))]...)
 	}
 	r.tail = append(r.tail, p[max(0, len(p)-2):]...)
 	r.tail = r.tail[max(0, len(r.tail)-2):]
 	return len(p), nil
+}
+
+// checkReplies returns an error unless reply is a sequence of whole
+// memcached text replies: the fixed lines, an error line with its message,
+// VERSION, STAT, a number (incr and decr), and VALUE lines followed by
+// exactly the data block they announce and then another VALUE or END. A
+// VALUE must name a key the client sent, never the rewritten upstream key,
+// and its numbers must be what memcached writes.
+func checkReplies(reply, input []byte) error {
+	inValues := false // the previous reply was a VALUE block
+	for off := 0; off < len(reply); {
+		nl := bytes.IndexByte(reply[off:], '\n')
+		if nl < 1 || reply[off+nl-1] != '\r' {
+			return fmt.Errorf("reply at offset %d is no CRLF-terminated line", off)
+		}
+		line := reply[off : off+nl-1]
+		next := off + nl + 1
+		if bytes.IndexByte(line, '\r') >= 0 {
+			return fmt.Errorf("reply line %q at offset %d holds a carriage return", line, off)
+		}
+		word, _, _ := bytes.Cut(line, []byte(" "))
+		if inValues && string(word) != "VALUE" && string(word) != "END" && string(word) != "SERVER_ERROR" {
+			return fmt.Errorf("values end with %q at offset %d, not END", line, off)
+		}
+		inValues = false
+		switch string(word) {
+		case "STORED", "NOT_STORED", "EXISTS", "NOT_FOUND", "DELETED", "TOUCHED", "END", "OK", "RESET":
+			if len(line) != len(word) {
+				return fmt.Errorf("reply line %q at offset %d has words after %s", line, off, word)
+			}
+		case "ERROR", "CLIENT_ERROR", "SERVER_ERROR", "VERSION", "STAT":
+			if string(word) != "ERROR" && len(line) <= len(word)+1 {
+				return fmt.Errorf("reply line %q at offset %d has nothing after %s", line, off, word)
+			}
+		case "VALUE":
+			f := bytes.Split(line, []byte(" "))
+			if len(f) != 4 && len(f) != 5 {
+				return fmt.Errorf("VALUE line %q at offset %d has %d words", line, off, len(f))
+			}
+			key := f[1]
+			if len(key) == 0 || len(key) > 250 || !bytes.Contains(input, key) {
+				return fmt.Errorf("VALUE line %q at offset %d names a key the client did not send", line, off)
+			}
+			if !decimal(f[2], 32) || !decimal(f[3], 31) || len(f) == 5 && !decimal(f[4], 64) {
+				return fmt.Errorf("VALUE line %q at offset %d has a malformed number", line, off)
+			}
+			n, _ := strconv.Atoi(string(f[3]))
+			if next+n+2 > len(reply) || !bytes.Equal(reply[next+n:next+n+2], crlf) {
+				return fmt.Errorf("VALUE line %q at offset %d is not followed by %d bytes and CRLF", line, off, n)
+			}
+			next += n + 2
+			inValues = true
+		default:
+			if !decimal(line, 64) {
+				return fmt.Errorf("unknown reply line %q at offset %d", line, off)
+			}
+		}
+		off = next
+	}
+	if inValues {
+		return errors.New("reply ends after values without END")
+	}
+	return nil
+}
+
+// decimal reports whether b is a number as memcached writes one: digits
+// only, no sign, no leading zero, fitting in bits.
+func decimal(b []byte, bits int) bool {
+	if len(b) == 0 || len(b) > 1 && b[0] == '0' || b[0] < '0' || b[0] > '9' {
+		return false
+	}
+	_, err := strconv.ParseUint(string(b), 10, bits)
+	return err == nil
 }
 
 // converse writes input to addr on a new connection, half-closes it, and
@@ -324,4 +414,43 @@ func converse(addr string, input []byte, wait time.Duration) (*replyRecord, erro
 	_, err = io.Copy(r, c)
 	<-written
 	return r, err
+}
+
+// TestCheckReplies shows that FuzzProxy's reply grammar refuses what a
+// broken proxy could send, and accepts what memcached sends.
+func TestCheckReplies(t *testing.T) {
+	input := []byte("set a 0 0 2\r\nhi\r\nget a b\r\nincr n 1\r\nstats\r\n")
+	for _, good := range []string{
+		"",
+		"STORED\r\nVALUE a 0 2\r\nhi\r\nEND\r\n",
+		"VALUE a 0 2 17\r\nhi\r\nVALUE b 4294967295 0\r\n\r\nEND\r\n",
+		"ERROR\r\nCLIENT_ERROR bad data chunk\r\nNOT_FOUND\r\n18446744073709551615\r\nSTAT pid 1\r\nEND\r\n",
+		"VERSION 1.6.0-mcsidecar-test\r\nSERVER_ERROR upstream timeout\r\n",
+	} {
+		if err := checkReplies([]byte(good), input); err != nil {
+			t.Errorf("%q refused: %v", good, err)
+		}
+	}
+	for _, bad := range []string{
+		"STORED\n",                              // no carriage return
+		"STORED\r\nEND",                         // cut mid-line
+		"STORED x\r\n",                          // words after a fixed reply
+		"VALUE a 0 3\r\nhi\r\nEND\r\n",          // block shorter than announced
+		"VALUE a 0 1\r\nhi\r\nEND\r\n",          // block longer than announced
+		"VALUE a 0 2\r\nhi\r\n",                 // no END
+		"VALUE a 0 2\r\nhi\r\nSTORED\r\n",       // no END
+		"VALUE ~x7f 0 2\r\nhi\r\nEND\r\n",       // a key the client never sent
+		"VALUE a -1 2\r\nhi\r\nEND\r\n",         // negative flags
+		"VALUE a 4294967296 2\r\nhi\r\nEND\r\n", // flags over 32 bits
+		"VALUE a 0 02\r\nhi\r\nEND\r\n",         // leading zero
+		"VALUE a 0\r\nEND\r\n",                  // too few words
+		"12a\r\n",                               // not a number
+		"HELLO\r\n",                             // no such reply
+		"STAT\r\n",                              // nothing after STAT
+		"ST\rORED\r\n",                          // stray carriage return
+	} {
+		if err := checkReplies([]byte(bad), input); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
 }
