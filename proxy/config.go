@@ -171,6 +171,13 @@ func (c *Config) Validate() error {
 	if err := c.UpstreamTLS.validate(); err != nil {
 		return err
 	}
+	if t := c.UpstreamTLS; t.Enabled && t.ServerName == "" && !t.InsecureSkipVerify {
+		for _, u := range c.Upstreams {
+			if _, unix := cutUnix(u); unix {
+				return fmt.Errorf("--upstream %s: a unix socket has no host name to check a TLS certificate against: set --upstream-tls-server-name", u)
+			}
+		}
+	}
 	if c.Codec != nil {
 		if err := c.Codec.Validate(); err != nil {
 			return err

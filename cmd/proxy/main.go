@@ -124,12 +124,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// New may have started DNS discovery: a start that fails past it stops
+	// the proxy again, so nothing of it outlives run.
+	stop := func() { p.Shutdown(context.Background()) }
 	reg, err := newRegistry(p)
 	if err != nil {
+		stop()
 		return err
 	}
 	ln, err := proxy.Listen(cfg.proxy.Listen)
 	if err != nil {
+		stop()
 		return err
 	}
 	var metricsSrv *http.Server
@@ -137,6 +142,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		mln, err := net.Listen("tcp", cfg.metricsListen)
 		if err != nil {
 			ln.Close()
+			stop()
 			return err
 		}
 		metricsSrv = &http.Server{Handler: newHTTPHandler(p, reg), ReadHeaderTimeout: 5 * time.Second}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"debug/elf"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"go.uber.org/goleak"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -132,6 +134,7 @@ func TestBadFlagValueFailsBeforeListening(t *testing.T) {
 		{"--upstream-tls-ca-path=/etc/ssl/ca.pem"},
 		{"--tls-cert-path=/nonexistent/cert.pem", "--tls-key-path=/nonexistent/key.pem"},
 		{"--upstream-tls-enabled", "--upstream-tls-ca-path=/nonexistent/ca.pem"},
+		{"--upstream-tls-enabled", "--upstream=unix:/run/memcached.sock"},
 		{"--no-such-flag"},
 	} {
 		var out bytes.Buffer
@@ -200,4 +203,23 @@ func TestDockerfileBuildCommandBuildsAStaticBinary(t *testing.T) {
 	if err != nil || string(msg) != "mcsidecar test\n" {
 		t.Fatalf("--version: %v %q", err, msg)
 	}
+}
+
+// TestFailedStartLeavesNothingRunning starts the command with DNS
+// discovery on (a goroutine of the proxy's own) and a listen address that
+// is taken: run must fail and stop what it started.
+func TestFailedStartLeavesNothingRunning(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	before := goleak.IgnoreCurrent()
+	var out bytes.Buffer
+	err = run(context.Background(), []string{"--listen=" + taken.Addr().String(), "--metrics-listen=",
+		"--upstream=dns+localhost:11211", "--upstream-dns-interval=1h"}, &out, &out)
+	if err == nil {
+		t.Fatal("started on a taken address")
+	}
+	goleak.VerifyNone(t, before)
 }
