@@ -13,8 +13,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // fakeResolver answers DNS lookups from its tables, which a test changes
@@ -431,10 +429,7 @@ func TestRemovedServerLeavesNoConnectionBehind(t *testing.T) {
 func TestRemovedServerLeavesNoMetricSeries(t *testing.T) {
 	a, b := startMemcached(t), startMemcached(t)
 	p, r, _, c := srvProxy(t, 20*time.Millisecond, a, b)
-	reg := prometheus.NewRegistry()
-	if err := p.Register(reg); err != nil {
-		t.Fatal(err)
-	}
+	reg := registry(t, p)
 	// servers returns the servers each per-server family has a series for.
 	servers := func() map[string][]string {
 		t.Helper()

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -128,10 +127,7 @@ func TestStuckUpstreamIsEjectedThenProbedBack(t *testing.T) {
 	cfg.RetryInterval = 100 * time.Millisecond
 	logs := &logLines{}
 	p, addr, _ := serveProxyLog(t, cfg, logs.logger())
-	reg := prometheus.NewRegistry()
-	if err := p.Register(reg); err != nil {
-		t.Fatal(err)
-	}
+	reg := registry(t, p)
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(healthExposition(up, 1, 0)),
 		"mcsidecar_upstream_server_up", "mcsidecar_upstream_ejections_total"); err != nil {
 		t.Errorf("before any request: %v", err)
@@ -337,10 +333,7 @@ func TestGetsToAnEjectedServerAreNotCountedAsSent(t *testing.T) {
 	cfg.FailureLimit = 1
 	cfg.RetryInterval = time.Hour // stays out for the whole test
 	p, addr := startProxy(t, cfg)
-	reg := prometheus.NewRegistry()
-	if err := p.Register(reg); err != nil {
-		t.Fatal(err)
-	}
+	reg := registry(t, p)
 	c := newLineClient(t, addr)
 	if got := c.do("get k\r\n"); got != "END\r\n" {
 		t.Fatalf("get from a stuck server answered %q, want a miss", got)

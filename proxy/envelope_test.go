@@ -102,10 +102,7 @@ func rawSet(t *testing.T, lc *lineClient, key string, flags uint32, data string)
 // codecMetrics registers the proxy's metrics in a registry of their own.
 func codecMetrics(t *testing.T, p *Proxy) *prometheus.Registry {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	if err := p.Register(reg); err != nil {
-		t.Fatal(err)
-	}
+	reg := registry(t, p)
 	return reg
 }
 

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // memcachedBin is the memcached the tests run; the README's test command
@@ -279,4 +281,14 @@ func hostPort(addr string) (string, string) {
 		panic(fmt.Sprint(addr, err))
 	}
 	return h, p
+}
+
+// registry returns a registry holding p's metrics, for tests that read them.
+func registry(tb testing.TB, p *Proxy) *prometheus.Registry {
+	tb.Helper()
+	reg := prometheus.NewRegistry()
+	if err := p.Register(reg); err != nil {
+		tb.Fatal(err)
+	}
+	return reg
 }

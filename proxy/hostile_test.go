@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -285,10 +284,7 @@ func TestMaxConnectionsRefusesTheOneOver(t *testing.T) {
 	cfg := testConfig(startMemcached(t))
 	cfg.MaxConnections = 3
 	p, addr := startProxy(t, cfg)
-	reg := prometheus.NewRegistry()
-	if err := p.Register(reg); err != nil {
-		t.Fatal(err)
-	}
+	reg := registry(t, p)
 	var clients []*lineClient
 	for range 3 {
 		c := newLineClient(t, addr)
@@ -358,10 +354,7 @@ func TestIdleTimeoutClosesIdleClientsOnly(t *testing.T) {
 	const idle = 300 * time.Millisecond
 	cfg.IdleTimeout = idle
 	p, addr := startProxy(t, cfg)
-	reg := prometheus.NewRegistry()
-	if err := p.Register(reg); err != nil {
-		t.Fatal(err)
-	}
+	reg := registry(t, p)
 
 	// closedAfter reads from c until the proxy closes it and says how long
 	// that took; feed, if any, keeps writing meanwhile.

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -43,10 +42,7 @@ func requestsExposition(nonzero map[string]int) string {
 // what it exports.
 func TestMetricsCountRequestsByCommandAndOutcome(t *testing.T) {
 	p, addr := startProxy(t, testConfig(startMemcached(t)))
-	reg := prometheus.NewRegistry()
-	if err := p.Register(reg); err != nil {
-		t.Fatal(err)
-	}
+	reg := registry(t, p)
 
 	t.Run("every command and outcome pair is exported at zero", func(t *testing.T) {
 		n, err := testutil.GatherAndCount(reg, "mcsidecar_requests_total")
@@ -160,10 +156,7 @@ func TestMetricsCountUpstreamFailures(t *testing.T) {
 	cfg := testConfig(up)
 	cfg.ConnectTimeout = 100 * time.Millisecond
 	p, addr := startProxy(t, cfg)
-	reg := prometheus.NewRegistry()
-	if err := p.Register(reg); err != nil {
-		t.Fatal(err)
-	}
+	reg := registry(t, p)
 	c := newLineClient(t, addr)
 	if got := c.do("set k 0 0 1\r\nv\r\n"); got != "SERVER_ERROR upstream unavailable\r\n" {
 		t.Fatalf("set answered %q", got)

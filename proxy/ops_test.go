@@ -45,10 +45,7 @@ func histogramCounts(t *testing.T, reg *prometheus.Registry, name string) map[st
 func TestRequestLatencyIsObservedOncePerRequestByCommand(t *testing.T) {
 	up := startMemcached(t)
 	p, addr := startProxy(t, testConfig(up))
-	reg := prometheus.NewRegistry()
-	if err := p.Register(reg); err != nil {
-		t.Fatal(err)
-	}
+	reg := registry(t, p)
 	counts := histogramCounts(t, reg, "mcsidecar_request_duration_seconds")
 	if len(counts) != len(metricCommands) {
 		t.Fatalf("%d command series before any request, want %d: %v", len(counts), len(metricCommands), counts)
@@ -110,10 +107,7 @@ func TestUpstreamErrorsAreCountedByServerAndKind(t *testing.T) {
 			cfg.Timeout = 200 * time.Millisecond
 			cfg.ConnectTimeout = 200 * time.Millisecond
 			p, addr := startProxy(t, cfg)
-			reg := prometheus.NewRegistry()
-			if err := p.Register(reg); err != nil {
-				t.Fatal(err)
-			}
+			reg := registry(t, p)
 			c := newLineClient(t, addr)
 			if got := c.do("get k\r\n"); got != "END\r\n" {
 				t.Fatalf("get answered %q", got)
@@ -131,10 +125,7 @@ func TestUpstreamErrorsAreCountedByServerAndKind(t *testing.T) {
 func TestUpstreamRequestsAreCountedPerServerFromZero(t *testing.T) {
 	a, b := startMemcached(t), startMemcached(t)
 	p, addr := startProxy(t, testConfig(a, b))
-	reg := prometheus.NewRegistry()
-	if err := p.Register(reg); err != nil {
-		t.Fatal(err)
-	}
+	reg := registry(t, p)
 	const head = "# HELP mcsidecar_upstream_requests_total Requests sent to upstream servers, by server; a coalesced multi-get counts once.\n" +
 		"# TYPE mcsidecar_upstream_requests_total counter\n"
 	zero := head + "mcsidecar_upstream_requests_total{server=\"" + a + "\"} 0\n" +
@@ -154,10 +145,7 @@ func TestUpstreamRequestsAreCountedPerServerFromZero(t *testing.T) {
 
 func TestRefusedConnectionsAreExported(t *testing.T) {
 	p, _ := startProxy(t, testConfig(deadUpstream(t)))
-	reg := prometheus.NewRegistry()
-	if err := p.Register(reg); err != nil {
-		t.Fatal(err)
-	}
+	reg := registry(t, p)
 	// The connection limit counts here; this test checks the export.
 	p.stats.connsRefused.Add(2)
 	const want = `
@@ -192,10 +180,7 @@ func TestPerTenantMetricsKeepTheBusiestTenants(t *testing.T) {
 	cfg := keyspaceConfig(startMemcached(t))
 	cfg.MetricsTenants = 2
 	p, addr := startProxy(t, cfg)
-	reg := prometheus.NewRegistry()
-	if err := p.Register(reg); err != nil {
-		t.Fatal(err)
-	}
+	reg := registry(t, p)
 	key := func(tenant string) string { return "S:" + tenant + ":" + testBlock + ":1" }
 	families := []string{"mcsidecar_tenant_requests_total", "mcsidecar_tenant_hits_total", "mcsidecar_tenant_written_bytes_total"}
 	c := newLineClient(t, addr)
@@ -301,10 +286,7 @@ func statsOf(t *testing.T, c *lineClient) map[string]string {
 func TestStatsAnswersTheProxyCountersAndResetLeavesMetricsAlone(t *testing.T) {
 	up := startMemcached(t)
 	p, addr := startProxy(t, keyspaceConfig(up))
-	reg := prometheus.NewRegistry()
-	if err := p.Register(reg); err != nil {
-		t.Fatal(err)
-	}
+	reg := registry(t, p)
 	c := newLineClient(t, addr)
 	long := "S:" + testTenant("a", 240) + ":" + testBlock + ":1"
 	if got := c.do("set " + long + " 0 0 2\r\nhi\r\n"); got != "STORED\r\n" {
@@ -437,10 +419,7 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 
 func TestEnvelopedBytesAreCountedAsClientsSeeThemAndAsMemcachedHoldsThem(t *testing.T) {
 	p, addr := startProxy(t, keyspaceConfig(startMemcached(t)))
-	reg := prometheus.NewRegistry()
-	if err := p.Register(reg); err != nil {
-		t.Fatal(err)
-	}
+	reg := registry(t, p)
 	c := newLineClient(t, addr)
 	// A postings key: its value is enveloped and, being repetitive,
 	// compressed.

@@ -19,8 +19,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // regressionDiffCases run with the differential suite.
@@ -454,10 +452,7 @@ func TestUpstreamRestartFailsNoRequest(t *testing.T) {
 // /metrics exports never go back.
 func TestStatsResetLeavesPrometheusCountersRising(t *testing.T) {
 	p, addr := startProxy(t, testConfig(startMemcached(t)))
-	reg := prometheus.NewRegistry()
-	if err := p.Register(reg); err != nil {
-		t.Fatal(err)
-	}
+	reg := registry(t, p)
 	counter := func(name string) float64 {
 		mfs, err := reg.Gather()
 		if err != nil {
