@@ -143,16 +143,6 @@ func parseDecimal(b []byte, max uint64) (uint64, bool) {
 // other requests on this pool it is never sent twice: when a reply is lost
 // the write may have happened, and joining twice would corrupt the value.
 func (p *rawPool) storeIfUnchanged(key string, it metaItem, value []byte) (conflict, notStored bool, err error) {
-	// Not through do, which may send twice, but under the server's
-	// health all the same: refused while it is ejected, and counted
-	// towards ejecting it.
-	if err := p.health.admit(); err != nil {
-		return false, false, err
-	}
-	c, _, err := p.get()
-	if err != nil {
-		return false, false, p.health.observe(err)
-	}
 	ttl := int64(it.ttl)
 	switch {
 	case ttl < 0:
@@ -162,38 +152,42 @@ func (p *rawPool) storeIfUnchanged(key string, it metaItem, value []byte) (confl
 	case ttl > maxRelativeTTL:
 		ttl += time.Now().Unix()
 	}
-	err = p.run(c, func(c *rawConn) error {
-		b := append(c.rw.AvailableBuffer(), "ms "...)
-		b = append(b, key...)
-		b = append(b, ' ')
-		b = strconv.AppendInt(b, int64(len(value)), 10)
-		b = append(b, " C"...)
-		b = strconv.AppendUint(b, it.cas, 10)
-		b = append(b, " F"...)
-		b = strconv.AppendUint(b, uint64(it.flags), 10)
-		b = append(b, " T"...)
-		b = strconv.AppendInt(b, ttl, 10)
-		b = append(b, crlf...)
-		c.rw.Write(b)
-		c.rw.Write(value)
-		c.rw.Write(crlf)
-		if err := c.rw.Flush(); err != nil {
-			return err
-		}
-		line, err := c.rw.ReadSlice('\n')
-		if err != nil {
-			return err
-		}
-		switch {
-		case bytes.Equal(line, metaStored):
-		case bytes.Equal(line, metaExists), bytes.Equal(line, metaNotFound):
-			conflict = true
-		case bytes.Equal(line, metaNotStore), bytes.Equal(line, replyTooLarge):
-			notStored = true
-		default:
-			return fmt.Errorf("%w: %q", errUnexpectedReply, line)
-		}
-		return nil
+	// Not through do, which may send twice: once, under the server's
+	// health all the same.
+	err = p.guard(func() error {
+		return p.once(func(c *rawConn) error {
+			b := append(c.rw.AvailableBuffer(), "ms "...)
+			b = append(b, key...)
+			b = append(b, ' ')
+			b = strconv.AppendInt(b, int64(len(value)), 10)
+			b = append(b, " C"...)
+			b = strconv.AppendUint(b, it.cas, 10)
+			b = append(b, " F"...)
+			b = strconv.AppendUint(b, uint64(it.flags), 10)
+			b = append(b, " T"...)
+			b = strconv.AppendInt(b, ttl, 10)
+			b = append(b, crlf...)
+			c.rw.Write(b)
+			c.rw.Write(value)
+			c.rw.Write(crlf)
+			if err := c.rw.Flush(); err != nil {
+				return err
+			}
+			line, err := c.rw.ReadSlice('\n')
+			if err != nil {
+				return err
+			}
+			switch {
+			case bytes.Equal(line, metaStored):
+			case bytes.Equal(line, metaExists), bytes.Equal(line, metaNotFound):
+				conflict = true
+			case bytes.Equal(line, metaNotStore), bytes.Equal(line, replyTooLarge):
+				notStored = true
+			default:
+				return fmt.Errorf("%w: %q", errUnexpectedReply, line)
+			}
+			return nil
+		})
 	})
-	return conflict, notStored, p.health.observe(err)
+	return conflict, notStored, err
 }

@@ -44,13 +44,28 @@ type rawConn struct {
 
 var errUnexpectedReply = errors.New("unexpected reply from upstream")
 
-// do runs fn as try does, unless the server is ejected, and counts the
-// result towards ejecting it.
+// do runs fn as try does, under the server's health.
 func (p *rawPool) do(fn func(*rawConn) error) error {
+	return p.guard(func() error { return p.try(fn) })
+}
+
+// guard sends a request unless the server is ejected, and counts the
+// result towards ejecting it.
+func (p *rawPool) guard(send func() error) error {
 	if err := p.health.admit(); err != nil {
 		return err
 	}
-	return p.health.observe(p.try(fn))
+	return p.health.observe(send())
+}
+
+// once runs fn on a pooled connection under one deadline, and never a
+// second time: for a request that must not be repeated.
+func (p *rawPool) once(fn func(*rawConn) error) error {
+	c, _, err := p.get()
+	if err != nil {
+		return err
+	}
+	return p.run(c, fn)
 }
 
 // try runs fn on a pooled connection under one deadline. The connection is

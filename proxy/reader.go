@@ -101,9 +101,6 @@ func (rd *reader) unpark() {
 	rd.buf = buf
 }
 
-// buffered returns the bytes read from the client and not yet consumed.
-func (rd *reader) buffered() []byte { return rd.buf[rd.r:rd.w] }
-
 // line returns the next complete command line with its "\r\n" removed, cut
 // at the first NUL as memcached's C string handling does. It returns
 // errNeedMore when no full line is buffered and errLineTooLong when the
