@@ -1,38 +1,86 @@
 #!/usr/bin/env bash
 # compare.sh measures the sidecar proxy against memcached itself and against
-# twemproxy (nutcracker), all on loopback in front of one memcached. The same
-# loadgen load runs against each in turn, round by round, with the order
-# rotated every round so that no target always goes first; at the end it
-# prints the median throughput of each and their ratios. Any wrong value or
-# protocol error seen by loadgen fails the script.
+# twemproxy (nutcracker), all on loopback, under four loads:
+#
+#   1  single-key gets, 1 KiB values, 90 % gets (10 % sets), 32 connections,
+#      one memcached server
+#   2  10-key gets, otherwise as 1
+#   3  100-key gets of 3 KiB values, 8 connections, four memcached servers
+#      (twemproxy and the proxy each in front of all four)
+#   4  50 % sets, otherwise as 1
+#
+# The same loadgen load runs against each target in turn, round by round,
+# with the order rotated every round so that no target always goes first.
+# For twemproxy and the proxy it also reads the server's CPU time
+# (/proc/PID/stat, utime+stime) and its read and write system calls
+# (/proc/PID/io, syscr and syscw) just before and just after the timed part
+# of each run (loadgen --wait-start pauses between its pre-population and
+# the clock, so that the pre-population is not counted) and divides them by
+# the requests loadgen completed. At the end it prints one table of the
+# medians over the rounds: throughput, CPU microseconds per request and
+# reads + writes per request, with the ratios proxy/twemproxy. Any wrong
+# value or protocol error seen by loadgen fails the script.
+#
+# Load 3 has no direct memcached figure ("n/a"): loadgen talks to one
+# address, so it cannot split a get over four servers as a client of them
+# would, and one server answering all 100 keys would be another load.
 #
 # Usage: cmd/loadgen/compare.sh [ROUNDS]
 # Environment (defaults in brackets):
-#   ROUNDS [3]  DURATION [10s]  CONNS [32]  VALUE_SIZE [1024]  GET_RATIO [0.9]
-#   KEYS [10000]  MULTIGET [1]  SEED [1]  MEMCACHED_THREADS [2]
+#   ROUNDS [3]  DURATION [5s]: per run  KEYS [10000]  SEED [1]
+#   MEMCACHED_THREADS [2]: -t of each memcached
+#   LOADS [1 2 3 4]: the loads to measure, e.g. LOADS="1 3"
+#   CONNS, VALUE_SIZE, GET_RATIO, MULTIGET [per load]: when set, override
+#     that setting in every load
 #   LOADGEN_ARGS []: more loadgen flags, passed as they are
 #   PROXY_ARGS []: more proxy flags, e.g. --upstream-timeout 1s
-#   QUIET_WAIT [30]: longest wait, in seconds, before each run for the
+#   QUIET_WAIT [5]: longest wait, in seconds, before each run for the
 #     machine to fall quiet (other work would skew the numbers)
 set -euo pipefail
 
 ROUNDS=${1:-${ROUNDS:-3}}
-DURATION=${DURATION:-10s}
-CONNS=${CONNS:-32}
-VALUE_SIZE=${VALUE_SIZE:-1024}
-GET_RATIO=${GET_RATIO:-0.9}
+DURATION=${DURATION:-5s}
+LOADS=${LOADS:-1 2 3 4}
 KEYS=${KEYS:-10000}
-MULTIGET=${MULTIGET:-1}
 SEED=${SEED:-1}
 MEMCACHED_THREADS=${MEMCACHED_THREADS:-2}
 LOADGEN_ARGS=${LOADGEN_ARGS:-}
 PROXY_ARGS=${PROXY_ARGS:-}
 
+# The loads: connections, value size, get ratio, keys per get, servers.
+declare -A l_conns=([1]=32 [2]=32 [3]=8 [4]=32)
+declare -A l_size=([1]=1024 [2]=1024 [3]=3072 [4]=1024)
+declare -A l_ratio=([1]=0.9 [2]=0.9 [3]=0.9 [4]=0.5)
+declare -A l_multiget=([1]=1 [2]=10 [3]=100 [4]=1)
+declare -A l_servers=([1]=1 [2]=1 [3]=4 [4]=1)
+
 die() { echo "compare: $*" >&2; exit 1; }
 
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive number, not '$ROUNDS'"
-for bin in go memcached nutcracker ss awk curl; do
+for bin in go memcached nutcracker ss awk curl pgrep getconf; do
 	command -v "$bin" >/dev/null || die "$bin is not installed"
+done
+
+read -ra loads <<<"$LOADS"
+((${#loads[@]} > 0)) || die "LOADS is empty"
+seen=" "
+for l in "${loads[@]}"; do
+	[[ -n ${l_servers[$l]:-} && $l =~ ^[0-9]$ ]] || die "LOADS holds '$l': the loads are 1 2 3 4"
+	[[ $seen != *" $l "* ]] || die "LOADS names load $l twice"
+	seen+="$l "
+	# Overrides from the environment apply to every load.
+	l_conns[$l]=${CONNS:-${l_conns[$l]}}
+	l_size[$l]=${VALUE_SIZE:-${l_size[$l]}}
+	l_ratio[$l]=${GET_RATIO:-${l_ratio[$l]}}
+	l_multiget[$l]=${MULTIGET:-${l_multiget[$l]}}
+done
+n_servers=1 want1=false want4=false
+for l in "${loads[@]}"; do
+	if ((l_servers[$l] == 4)); then
+		n_servers=4 want4=true
+	else
+		want1=true
+	fi
 done
 
 # seconds turns a Go duration of whole seconds or minutes (10s, 2m) into
@@ -45,11 +93,11 @@ seconds() {
 	die "DURATION must look like 10s or 2m, not '$1'"
 }
 RUN_LIMIT=$(($(seconds "$DURATION") + 60))
-QUIET_WAIT=${QUIET_WAIT:-30}
+QUIET_WAIT=${QUIET_WAIT:-5}
 [[ $QUIET_WAIT =~ ^[0-9]+$ ]] || die "QUIET_WAIT must be a number of seconds, not '$QUIET_WAIT'"
 # Each server runs under timeout too, so that it stops by itself even if
 # this script is killed before its trap can run.
-SERVER_LIMIT=$((ROUNDS * 3 * (RUN_LIMIT + QUIET_WAIT + 10) + 120))
+SERVER_LIMIT=$((ROUNDS * ${#loads[@]} * 3 * (RUN_LIMIT + QUIET_WAIT + 10) + 120))
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/mcsidecar-compare.XXXXXX")
@@ -104,8 +152,10 @@ listening() {
 
 # start runs "$@" in the background with its output in $work/$name.log,
 # after substituting PORT (and PORT2) with free ports, until it listens on
-# the first. It sets started_port, started_port2 and started_pid, the
-# server's own pid (its parent is the timeout that bounds its life).
+# the first. A twemproxy* name gets $work/$name.yml written first, in front
+# of the servers in $nut_servers. It sets started_port, started_port2 and
+# started_pid, the server's own pid (its parent is the timeout that bounds
+# its life).
 start() {
 	local name=$1 pid p p2 args a
 	shift
@@ -119,10 +169,10 @@ start() {
 			a=${a//PORT2/$p2}
 			args+=("${a//PORT/$p}")
 		done
-		if [[ $name == nutcracker ]]; then
-			write_nutcracker_conf "$p"
-			nutcracker -t -c "$work/nutcracker.yml" >"$work/nutcracker-test.log" 2>&1 ||
-				die "nutcracker rejects its config: $(cat "$work/nutcracker-test.log")"
+		if [[ $name == twemproxy* ]]; then
+			write_nutcracker_conf "$work/$name.yml" "$p"
+			nutcracker -t -c "$work/$name.yml" >"$work/$name-test.log" 2>&1 ||
+				die "nutcracker rejects its config: $(cat "$work/$name-test.log")"
 		fi
 		timeout -k 5 "$SERVER_LIMIT" "${args[@]}" >"$work/$name.log" 2>&1 &
 		pid=$!
@@ -142,10 +192,13 @@ start() {
 	die "$name would not start"
 }
 
+# write_nutcracker_conf writes config file $1 for a pool listening on port
+# $2 in front of the memcached servers in $nut_servers.
 write_nutcracker_conf() {
-	cat >"$work/nutcracker.yml" <<-EOF
+	local s
+	cat >"$1" <<-EOF
 		mc:
-		  listen: 127.0.0.1:$1
+		  listen: 127.0.0.1:$2
 		  hash: fnv1a_64
 		  distribution: ketama
 		  timeout: 1000
@@ -153,34 +206,94 @@ write_nutcracker_conf() {
 		  auto_eject_hosts: false
 		  server_connections: 1
 		  servers:
-		    - 127.0.0.1:$MC_PORT:1
 	EOF
+	for s in $nut_servers; do
+		echo "    - $s:1" >>"$1"
+	done
 }
 
-start memcached memcached -l 127.0.0.1 -p PORT -U 0 -u nobody -t "$MEMCACHED_THREADS" -m 512 -c 4096
-MC_PORT=$started_port MC_PID=$started_pid
-start nutcracker nutcracker -c "$work/nutcracker.yml" -s PORT2 -a 127.0.0.1 -o "$work/nutcracker.out"
-TW_PORT=$started_port TW_STATS=$started_port2 TW_PID=$started_pid
-# shellcheck disable=SC2086 # PROXY_ARGS is a list of flags
-start proxy "$work/proxy" --listen 127.0.0.1:PORT --upstream "127.0.0.1:$MC_PORT" --metrics-listen 127.0.0.1:PORT2 --log-level warn $PROXY_ARGS
-PX_PORT=$started_port PX_METRICS=$started_port2 PX_PID=$started_pid
-curl -fsS --max-time 5 "http://127.0.0.1:$PX_METRICS/readyz" >/dev/null || die "proxy is not ready"
+declare -A addr=() server_pid=() metrics=()
+mc_pids=()
+for ((s = 1; s <= n_servers; s++)); do
+	start "memcached$s" memcached -l 127.0.0.1 -p PORT -U 0 -u nobody -t "$MEMCACHED_THREADS" -m 512 -c 4096
+	addr[memcached$s]="127.0.0.1:$started_port"
+	mc_pids+=("$started_pid")
+done
+# start_proxies starts twemproxy$1 and proxy$1 in front of the first $1
+# memcached servers.
+start_proxies() {
+	local n=$1 s ups=()
+	for ((s = 1; s <= n; s++)); do
+		ups+=("${addr[memcached$s]}")
+	done
+	nut_servers=${ups[*]}
+	start "twemproxy$n" nutcracker -c "$work/twemproxy$n.yml" -s PORT2 -a 127.0.0.1 -o "$work/twemproxy$n.out"
+	addr[twemproxy$n]="127.0.0.1:$started_port"
+	server_pid[twemproxy$n]=$started_pid
+	# shellcheck disable=SC2086 # PROXY_ARGS is a list of flags
+	start "proxy$n" "$work/proxy" --listen 127.0.0.1:PORT --upstream "${nut_servers// /,}" --metrics-listen 127.0.0.1:PORT2 --log-level warn $PROXY_ARGS
+	addr[proxy$n]="127.0.0.1:$started_port"
+	server_pid[proxy$n]=$started_pid
+	metrics[proxy$n]=$started_port2
+	curl -fsS --max-time 5 "http://127.0.0.1:$started_port2/readyz" >/dev/null || die "proxy$n is not ready"
+}
+proxies=()
+if $want1; then
+	start_proxies 1
+	proxies+=(proxy1)
+fi
+if $want4; then
+	start_proxies 4
+	proxies+=(proxy4)
+fi
 
 targets=(memcached twemproxy proxy)
-declare -A addr=([memcached]="127.0.0.1:$MC_PORT" [twemproxy]="127.0.0.1:$TW_PORT" [proxy]="127.0.0.1:$PX_PORT")
-declare -A server_pid=([memcached]=$MC_PID [twemproxy]=$TW_PID [proxy]=$PX_PID)
-declare -A results=()
+# instance prints the server that target $2 is in load $1, or nothing when
+# the load has no such target.
+instance() {
+	local n=${l_servers[$1]}
+	case $2 in
+	memcached) ((n == 1)) && echo memcached1 ;;
+	*) echo "$2$n" ;;
+	esac
+	return 0
+}
+declare -A results=() cpu_req=() rd_req=() wr_req=()
 
 # The machine is small and may be shared, so each run reports where the CPU
 # went: the servers' own time, loadgen's (as this shell's reaped children),
 # and how busy the whole machine was. Busy time nobody here accounts for is
 # other work on the machine or kernel time charged to no process; the two
 # sources are sampled differently, so it is only good to a few tenths of a
-# second and may even come out slightly negative.
+# second and may even come out slightly negative. These cover the whole
+# run, pre-population included; the per-request figures do not.
 HZ=$(getconf CLK_TCK)
+[[ $HZ =~ ^[1-9][0-9]*$ ]] || die "getconf CLK_TCK gave '$HZ'"
 NCPU=$(nproc)
-# cpu_ticks prints the user+system clock ticks process $1 has used.
-cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# cpu_ticks prints the user+system clock ticks of the processes "$@".
+cpu_ticks() {
+	local pid t=0 f
+	for pid in "$@"; do
+		f=$(<"/proc/$pid/stat") || die "process $pid is gone"
+		read -ra f <<<"${f##*) }" # fields from 3 on: the name may hold spaces
+		[[ ${f[11]} =~ ^[0-9]+$ && ${f[12]} =~ ^[0-9]+$ ]] || die "bad /proc/$pid/stat"
+		t=$((t + f[11] + f[12]))
+	done
+	echo "$t"
+}
+# proc_sample sets ps_ticks, ps_reads and ps_writes to the CPU clock ticks
+# and the read and write system calls process $1 has made so far.
+proc_sample() {
+	local k v
+	ps_ticks=$(cpu_ticks "$1") ps_reads="" ps_writes=""
+	while read -r k v; do
+		case $k in
+		syscr:) ps_reads=$v ;;
+		syscw:) ps_writes=$v ;;
+		esac
+	done <"/proc/$1/io" || die "cannot read /proc/$1/io"
+	[[ $ps_reads =~ ^[0-9]+$ && $ps_writes =~ ^[0-9]+$ ]] || die "no syscr/syscw in /proc/$1/io"
+}
 # machine_ticks prints the busy and the total clock ticks of all CPUs.
 machine_ticks() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat; }
 # children_ticks sets ticks to the CPU ticks of this shell's reaped
@@ -208,65 +321,152 @@ wait_quiet() {
 	echo "  (the machine stayed busy for ${QUIET_WAIT}s: this run shares it with other work)"
 }
 secs() { awk -v t="$1" -v hz="$HZ" 'BEGIN { printf "%.2fs", t / hz }'; }
+# field prints the value of name=value field $1 of loadgen's result line $2.
+field() { awk -v k="$1=" '{ for (i = 1; i <= NF; i++) if (index($i, k) == 1) print substr($i, length(k) + 1) }' <<<"$2"; }
+describe() {
+	awk -v l="$1" -v m="${l_multiget[$1]}" -v s="${l_size[$1]}" -v g="${l_ratio[$1]}" -v c="${l_conns[$1]}" -v n="${l_servers[$1]}" \
+		'BEGIN { printf "%s: %d-key gets, %d B values, %g %% gets, %d conns, %d server%s\n", l, m, s, g * 100, c, n, (n > 1 ? "s" : "") }'
+}
 
-echo "memcached $(memcached -V | awk '{print $2}') on ${addr[memcached]} (-t $MEMCACHED_THREADS), nutcracker $(nutcracker -V 2>&1 | awk '{print $NF; exit}') on ${addr[twemproxy]}, proxy on ${addr[proxy]} (metrics :$PX_METRICS)"
-echo "load: $CONNS conns, $DURATION, value $VALUE_SIZE B, get ratio $GET_RATIO, $KEYS keys, $MULTIGET keys per get, seed $SEED; $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+# measure runs loadgen for load $1 against target $2 in round $3, checks
+# what it saw and records its figures.
+measure() {
+	local l=$1 t=$2 r=$3 inst a tpid lpid rc n out wrong requests ops
+	local mc0 mc sv0 sv=0 lg lg0 busy0 total0 busy1 total1 other cpu per="" watched=false
+	local t0="" r0 w0 c rd wr
+	inst=$(instance "$l" "$t")
+	a=${addr[$inst]}
+	local mcs=("${mc_pids[@]:0:${l_servers[$l]}}")
+	[[ $t == memcached ]] || watched=true
+	wait_quiet
+	mc0=$(cpu_ticks "${mcs[@]}")
+	$watched && sv0=$(cpu_ticks "${server_pid[$inst]}")
+	children_ticks
+	lg0=$ticks
+	read -r busy0 total0 < <(machine_ticks)
+	rm -f "$work/loadgen.out" "$work/loadgen.err"
+	# shellcheck disable=SC2086 # LOADGEN_ARGS is a list of flags
+	timeout "$RUN_LIMIT" "$work/loadgen" --addr "$a" --conns "${l_conns[$l]}" --duration "$DURATION" \
+		--value-size "${l_size[$l]}" --get-ratio "${l_ratio[$l]}" --keys "$KEYS" --multiget "${l_multiget[$l]}" --seed "$SEED" \
+		--wait-start "${RUN_LIMIT}s" $LOADGEN_ARGS >"$work/loadgen.out" 2>"$work/loadgen.err" &
+	tpid=$!
+	# loadgen says when its pre-population is done and waits for SIGUSR1
+	# to start the clock: the server is sampled in between.
+	n=0
+	until grep -qs '^loadgen: populated' "$work/loadgen.err"; do
+		if ! kill -0 "$tpid" 2>/dev/null || ((++n > RUN_LIMIT * 50)); then
+			break
+		fi
+		sleep 0.02
+	done
+	if grep -qs '^loadgen: populated' "$work/loadgen.err"; then
+		lpid=$(pgrep -P "$tpid") || true
+		[[ $lpid =~ ^[0-9]+$ ]] || die "cannot find the pid of loadgen"
+		if $watched; then
+			proc_sample "${server_pid[$inst]}"
+			t0=$ps_ticks r0=$ps_reads w0=$ps_writes
+		fi
+		kill -USR1 "$lpid"
+	fi
+	rc=0
+	wait "$tpid" || rc=$?
+	if $watched; then
+		proc_sample "${server_pid[$inst]}"
+	fi
+	out=$(grep -v '^loadgen: populated' "$work/loadgen.err" || true)
+	[[ -z $out ]] || echo "$out" | head -n 10 >&2
+	out=$(cat "$work/loadgen.out")
+	if ((rc != 0)) || { $watched && [[ -z $t0 ]]; }; then
+		echo "round $r load $l $t: $out" >&2
+		die "loadgen against $t ($a) failed with status $rc (wrong values, protocol errors or a timeout)"
+	fi
+	wrong=$(field wrong "$out")
+	[[ $wrong == 0 ]] || die "loadgen against $t saw '$wrong' wrong values"
+	requests=$(field requests "$out")
+	[[ $requests =~ ^[1-9][0-9]*$ ]] || die "loadgen against $t completed '$requests' requests"
+	ops=$(field ops/s "$out")
+	[[ $ops =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "loadgen against $t reported ops/s '$ops'"
+	results[$l,$t]+="$ops "
+	read -r busy1 total1 < <(machine_ticks)
+	children_ticks
+	lg=$((ticks - lg0))
+	mc=$(($(cpu_ticks "${mcs[@]}") - mc0))
+	cpu="cpu: memcached=$(secs "$mc")"
+	if $watched; then
+		sv=$(($(cpu_ticks "${server_pid[$inst]}") - sv0))
+		cpu+=" $t=$(secs "$sv")"
+		read -r c rd wr < <(awk -v dt=$((ps_ticks - t0)) -v dr=$((ps_reads - r0)) -v dw=$((ps_writes - w0)) -v n="$requests" -v hz="$HZ" \
+			'BEGIN { printf "%.3f %.3f %.3f\n", dt / hz * 1e6 / n, dr / n, dw / n }')
+		cpu_req[$l,$t]+="$c "
+		rd_req[$l,$t]+="$rd "
+		wr_req[$l,$t]+="$wr "
+		per="  per request (timed phase only): $t cpu=${c}us reads=$rd writes=$wr"
+	fi
+	cpu+=" loadgen=$(secs "$lg") (whole runs, pre-population included)"
+	cpu+=" machine_busy=$(((busy1 - busy0) * 100 / (total1 - total0)))% of $NCPU CPUs"
+	other=$((busy1 - busy0 - mc - sv - lg))
+	cpu+=" unattributed~$(secs "$other")"
+	if ((other * 100 > (total1 - total0) * 15)); then
+		cpu+=" CONTENDED: over 15% of the machine went to other work"
+	fi
+	printf 'round %d load %d %-9s %s\n  %s\n' "$r" "$l" "$t" "$out" "$cpu"
+	[[ -z $per ]] || echo "$per"
+}
 
-for ((r = 1; r <= ROUNDS; r++)); do
-	for ((i = 0; i < ${#targets[@]}; i++)); do
-		t=${targets[$(((i + r - 1) % ${#targets[@]}))]}
-		wait_quiet
-		mc0=$(cpu_ticks "$MC_PID")
-		sv0=$(cpu_ticks "${server_pid[$t]}")
-		children_ticks
-		lg0=$ticks
-		read -r busy0 total0 < <(machine_ticks)
-		# shellcheck disable=SC2086 # LOADGEN_ARGS is a list of flags
-		if ! out=$(timeout "$RUN_LIMIT" "$work/loadgen" --addr "${addr[$t]}" --conns "$CONNS" --duration "$DURATION" \
-			--value-size "$VALUE_SIZE" --get-ratio "$GET_RATIO" --keys "$KEYS" --multiget "$MULTIGET" --seed "$SEED" \
-			$LOADGEN_ARGS 2>"$work/loadgen.err"); then
-			echo "round $r $t: $out" >&2
-			head -n 10 "$work/loadgen.err" >&2
-			die "loadgen against $t failed (wrong values, protocol errors or a timeout)"
-		fi
-		wrong=$(awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^wrong=/) { sub(/^wrong=/, "", $i); print $i } }' <<<"$out")
-		[[ $wrong == 0 ]] || die "loadgen against $t saw $wrong wrong values"
-		ops=$(awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^ops\/s=/) { sub(/^ops\/s=/, "", $i); print $i } }' <<<"$out")
-		results[$t]+="$ops "
-		read -r busy1 total1 < <(machine_ticks)
-		children_ticks
-		lg=$((ticks - lg0))
-		mc=$(($(cpu_ticks "$MC_PID") - mc0))
-		sv=0
-		cpu="cpu: memcached=$(secs "$mc")"
-		if [[ $t != memcached ]]; then
-			sv=$(($(cpu_ticks "${server_pid[$t]}") - sv0))
-			cpu+=" $t=$(secs "$sv")"
-		fi
-		cpu+=" loadgen=$(secs "$lg") (pre-population included)"
-		cpu+=" machine_busy=$(((busy1 - busy0) * 100 / (total1 - total0)))% of $NCPU CPUs"
-		other=$((busy1 - busy0 - mc - sv - lg))
-		cpu+=" unattributed~$(secs "$other")"
-		if ((other * 100 > (total1 - total0) * 15)); then
-			cpu+=" CONTENDED: over 15% of the machine went to other work"
-		fi
-		printf 'round %d %-9s %s\n  %s\n' "$r" "$t" "$out" "$cpu"
-	done
-	printf 'round %d ops/s:' "$r"
-	for t in "${targets[@]}"; do
-		read -ra v <<<"${results[$t]}"
-		printf ' %s=%s' "$t" "${v[$((r - 1))]}"
-	done
-	printf '\n'
+echo "memcached $(memcached -V | awk '{print $2}') x$n_servers (-t $MEMCACHED_THREADS), nutcracker $(nutcracker -V 2>&1 | awk '{print $NF; exit}'), proxy; servers:"
+for k in $(printf '%s\n' "${!addr[@]}" | sort); do
+	printf '  %-10s %s%s\n' "$k" "${addr[$k]}" "${metrics[$k]:+ (metrics :${metrics[$k]})}"
+done
+echo "loads ($DURATION per run, $KEYS keys, seed $SEED; $NCPU CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)):"
+for l in "${loads[@]}"; do
+	echo "  $(describe "$l")"
 done
 
-median() { tr ' ' '\n' <<<"$1" | awk 'NF' | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.1f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-m_mc=$(median "${results[memcached]}")
-m_tw=$(median "${results[twemproxy]}")
-m_px=$(median "${results[proxy]}")
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
+for ((r = 1; r <= ROUNDS; r++)); do
+	for ((li = 0; li < ${#loads[@]}; li++)); do
+		l=${loads[$li]}
+		for ((i = 0; i < ${#targets[@]}; i++)); do
+			t=${targets[$(((i + r - 1 + li) % ${#targets[@]}))]}
+			[[ -n $(instance "$l" "$t") ]] || continue
+			measure "$l" "$t" "$r"
+		done
+		printf 'round %d load %d ops/s:' "$r" "$l"
+		for t in "${targets[@]}"; do
+			if [[ -n ${results[$l,$t]:-} ]]; then
+				read -ra v <<<"${results[$l,$t]}"
+				printf ' %s=%s' "$t" "${v[$((r - 1))]}"
+			fi
+		done
+		printf '\n'
+	done
+done
 
-up_errors=$(curl -fsS --max-time 5 "http://127.0.0.1:$PX_METRICS/metrics" | awk '/^mcsidecar_upstream_errors_total[{ ]/ { n += $NF; seen = 1 } END { if (seen) print n }')
-echo "proxy upstream errors over all rounds: ${up_errors:-unknown}"
-echo "median ops/s over $ROUNDS rounds: memcached=$m_mc twemproxy=$m_tw proxy=$m_px"
-echo "ratios: proxy/memcached=$(ratio "$m_px" "$m_mc") twemproxy/memcached=$(ratio "$m_tw" "$m_mc") proxy/twemproxy=$(ratio "$m_px" "$m_tw")"
+median() { tr ' ' '\n' <<<"$1" | awk 'NF' | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.6f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+fmt() { awk -v v="$1" -v f="$2" 'BEGIN { printf f, v }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "n/a" }'; }
+
+for p in "${proxies[@]}"; do
+	up_errors=$(curl -fsS --max-time 5 "http://127.0.0.1:${metrics[$p]}/metrics" | awk '/^mcsidecar_upstream_errors_total[{ ]/ { n += $NF; seen = 1 } END { if (seen) print n }')
+	echo "$p upstream errors over all rounds: ${up_errors:-unknown}"
+done
+echo
+echo "medians over $ROUNDS round(s) of $DURATION; CPU and system calls of the twemproxy and proxy processes over the timed phase, per loadgen request:"
+echo
+echo "| load | memcached ops/s | twemproxy ops/s | proxy ops/s | proxy/twemproxy | CPU µs/req twemproxy | CPU µs/req proxy | ratio | reads+writes/req twemproxy | reads+writes/req proxy |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
+for l in "${loads[@]}"; do
+	if [[ -n ${results[$l,memcached]:-} ]]; then
+		m_mc=$(fmt "$(median "${results[$l,memcached]}")" '%.0f')
+	else
+		m_mc=n/a
+	fi
+	m_tw=$(median "${results[$l,twemproxy]}")
+	m_px=$(median "${results[$l,proxy]}")
+	c_tw=$(median "${cpu_req[$l,twemproxy]}")
+	c_px=$(median "${cpu_req[$l,proxy]}")
+	printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s + %s | %s + %s |\n' "$(describe "$l")" "$m_mc" \
+		"$(fmt "$m_tw" '%.0f')" "$(fmt "$m_px" '%.0f')" "$(ratio "$m_px" "$m_tw")" \
+		"$(fmt "$c_tw" '%.2f')" "$(fmt "$c_px" '%.2f')" "$(ratio "$c_px" "$c_tw")" \
+		"$(fmt "$(median "${rd_req[$l,twemproxy]}")" '%.2f')" "$(fmt "$(median "${wr_req[$l,twemproxy]}")" '%.2f')" \
+		"$(fmt "$(median "${rd_req[$l,proxy]}")" '%.2f')" "$(fmt "$(median "${wr_req[$l,proxy]}")" '%.2f')"
+done

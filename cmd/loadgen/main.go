@@ -22,6 +22,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"os/signal"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -44,6 +45,7 @@ type config struct {
 	seed      uint64
 	keyPrefix string
 	timeout   time.Duration
+	waitStart time.Duration
 }
 
 func (c *config) registerFlags(fs *pflag.FlagSet) {
@@ -58,6 +60,7 @@ func (c *config) registerFlags(fs *pflag.FlagSet) {
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the request mix and of the value contents")
 	fs.StringVar(&c.keyPrefix, "key-prefix", "lg:", "prefix of every key (printable, no spaces)")
 	fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "longest wait for connecting or for one reply")
+	fs.DurationVar(&c.waitStart, "wait-start", 0, "after pre-population, print \"loadgen: populated\" on stderr and wait up to this long for SIGUSR1 before the timed phase, so that a harness can sample the server in between (0: start at once)")
 }
 
 // minValueSize leaves room for the longest header a value can carry.
@@ -83,6 +86,8 @@ func (c *config) validate() error {
 		return errors.New("--multiget must be between 1 and --keys")
 	case c.timeout <= 0:
 		return errors.New("--timeout must be positive")
+	case c.waitStart < 0:
+		return errors.New("--wait-start must not be negative")
 	}
 	for _, b := range []byte(c.keyPrefix) {
 		if b <= ' ' || b >= 0x7f {
@@ -135,6 +140,15 @@ func run(args []string, stdout, stderr io.Writer) (bool, error) {
 		workers[i] = w
 	}
 
+	// Registered before anyone is told to send it: until then SIGUSR1
+	// would end the process.
+	var startSignal chan os.Signal
+	if cfg.waitStart > 0 {
+		startSignal = make(chan os.Signal, 1)
+		signal.Notify(startSignal, syscall.SIGUSR1)
+		defer signal.Stop(startSignal)
+	}
+
 	// Every key holds version 1 before the clock starts, so that a miss in
 	// the timed phase means the server lost or evicted a value.
 	var wg sync.WaitGroup
@@ -142,6 +156,18 @@ func run(args []string, stdout, stderr io.Writer) (bool, error) {
 		wg.Go(w.populate)
 	}
 	wg.Wait()
+
+	if startSignal != nil {
+		fmt.Fprintln(stderr, "loadgen: populated, waiting for SIGUSR1")
+		select {
+		case <-startSignal:
+		case <-time.After(cfg.waitStart):
+			for _, w := range workers {
+				w.nc.Close()
+			}
+			return false, fmt.Errorf("no SIGUSR1 within --wait-start %s", cfg.waitStart)
+		}
+	}
 
 	cpu0 := cpuTime()
 	start := time.Now()
