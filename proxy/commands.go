@@ -133,15 +133,17 @@ func parseLine(dst [][]byte, line []byte) (*command, [][]byte, verdict) {
 }
 
 // dispatch parses one command line and runs it. It returns an error only
-// when the connection must close.
-func (c *conn) dispatch(line []byte) error {
+// when the connection must close, or errNeedMore, with the line put back
+// (it starts at start in the read buffer), when the command's data block
+// has not all arrived yet.
+func (c *conn) dispatch(line []byte, start int) error {
 	c.noreply = false
 	cmd, words, v := parseLine(c.words, line)
 	c.words = words
 	switch v {
 	case verdictClose:
 		// memcached sends nothing more, not even earlier replies.
-		c.wr.Reset(c.cc)
+		c.wr.reset(c.cc)
 		return errQuit
 	case verdictUnknown:
 		return c.clientError(cmdUnknown, replyError)
@@ -149,8 +151,29 @@ func (c *conn) dispatch(line []byte) error {
 		return c.clientError(cmd.id, replyError)
 	}
 	c.useUpstreams()
-	start := time.Now()
+	c.lineStart = start
+	began := time.Now()
 	err := cmd.run(c, words)
-	c.p.stats.latency[cmd.id].Observe(time.Since(start).Seconds())
+	if err != errNeedMore {
+		c.p.stats.latency[cmd.id].Observe(time.Since(began).Seconds())
+	}
 	return err
+}
+
+// awaitBlock reports whether the n bytes of a data block, after the line
+// being handled, are still arriving; it then puts the line back and tells
+// the reader how many bytes to wait for, so the command runs again, from
+// the start, once they are all here. A handler calls it before it counts
+// or answers anything, and a command runs only once its block is buffered:
+// no handler waits for a client. A block longer than any value the proxy
+// takes is not waited for: its command is refused at once and the block
+// dropped as it arrives.
+func (c *conn) awaitBlock(n int) bool {
+	if n > c.p.cfg.maxValueSize()+2 || c.rd.buffered(n) {
+		c.rd.want = 0
+		return false
+	}
+	c.rd.want = c.rd.r - c.lineStart + n
+	c.rd.r = c.lineStart
+	return true
 }

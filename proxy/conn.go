@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"errors"
 	"io"
 	"net"
@@ -9,6 +8,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
@@ -23,12 +23,6 @@ const (
 // errQuit closes a connection after its pending replies are written.
 var errQuit = errors.New("quit")
 
-// writers holds the reply buffers of connections that wait for a request:
-// a connection takes one when a request arrives and puts it back once its
-// replies are written, so a thousand idle clients do not hold 16 MiB of
-// empty buffers.
-var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, writeBufferSize) }}
-
 // conn is one client connection. Everything it needs per request is kept
 // here and reused, so a steady stream of requests allocates little beyond
 // what gomemcache itself does.
@@ -37,11 +31,15 @@ type conn struct {
 	nc      net.Conn
 	cc      *countingConn
 	rd      *reader
-	wr      *bufio.Writer
+	wr      *replyWriter
 	words   [][]byte
-	noreply bool        // suppresses every reply of the current command
-	busy    atomic.Bool // handling a request, not waiting for one
-	wakeMu  sync.Mutex  // orders wakeIfIdle against markBusy
+	noreply bool      // suppresses every reply of the current command
+	idleBy  time.Time // when the idle clock runs out; zero: never
+	// lineStart is where the line being handled begins in the read
+	// buffer, for putting it back while its data block arrives.
+	lineStart int
+	busy      atomic.Bool // handling a request, not waiting for one
+	wakeMu    sync.Mutex  // orders wakeIfIdle against markBusy
 
 	up      *upstreams // the server set of the command being handled
 	calls   []*getCall // one per server of up
@@ -81,10 +79,10 @@ func newConn(p *Proxy, nc net.Conn) *conn {
 // flush writes buffered replies. The reader calls it before any read that
 // may block, so replies to a pipelined batch leave in one write.
 func (c *conn) flush() error {
-	if c.wr == nil || c.wr.Buffered() == 0 {
+	if c.wr == nil {
 		return nil
 	}
-	return c.wr.Flush()
+	return c.wr.flush()
 }
 
 // serve runs the connection until the client leaves, breaks framing, or the
@@ -94,49 +92,205 @@ func (c *conn) serve() {
 	defer c.putWriter()
 	defer c.rd.release()
 	c.startIdleClock()
+	var err error
+	if rc := rawConnOf(c.nc); rc != nil {
+		err = c.serveReady(rc)
+	} else {
+		err = c.serveBlocking()
+	}
+	if err == nil || c.idleClosed(err) {
+		return
+	}
+	c.flush()
+	c.logClose(err)
+}
+
+// serveReady runs the connection inside one wait for readability of its
+// socket, as an event loop would: each time the poller reports the socket
+// readable, the connection reads once, handles every request that arrived,
+// writes the replies, and waits again. A read that finds the socket empty
+// costs a system call and returns nothing: a connection that reads until
+// it sees EAGAIN makes one such read per request. Here a read that did not
+// fill the buffer ends the turn, and the next read happens only when the
+// poller says bytes are there.
+func (c *conn) serveReady(rc syscall.RawConn) error {
+	c.rd.flush = nil // replies are written before each wait, below
+	src := &fdReader{stats: c.p.stats}
+	c.rd.src = src
+	var result error
+	done, lingering := false, false
+	turn := func(fd uintptr) bool {
+		src.fd = int(fd)
+		c.markBusy()
+		lingered := lingering // the deadline may be linger's
+		lingering = false
+		for {
+			err := c.rd.fill()
+			if err == errWouldBlock {
+				break
+			}
+			if err == nil {
+				err = c.process()
+			}
+			if err != errNeedMore {
+				result, done = err, true
+				return true
+			}
+			if c.rd.short {
+				// A read that did not fill the buffer found the socket
+				// empty, but for an end of stream that came with the
+				// last bytes: linger covers that.
+				lingering = true
+				break
+			}
+		}
+		if c.p.draining() && c.rd.want == 0 {
+			c.flush()
+			done = true
+			return true
+		}
+		if result = c.flush(); result != nil {
+			done = true
+			return true
+		}
+		c.putWriter()
+		c.rd.park()
+		switch {
+		case lingering:
+			c.nc.SetReadDeadline(c.lingerUntil())
+		case lingered:
+			c.nc.SetReadDeadline(c.idleBy)
+		}
+		c.busy.Store(false)
+		return false
+	}
 	for {
-		line, err := c.rd.line()
-		if err == errNeedMore {
-			if c.p.draining() {
-				c.flush()
-				return
-			}
-			if c.flush() != nil {
-				return
-			}
-			c.putWriter()
-			c.rd.park()
-			c.busy.Store(false)
-			err = c.rd.fill()
-			c.markBusy()
-			if err != nil {
-				if !c.idleClosed(err) {
-					c.logClose(err)
-				}
-				return
-			}
+		err := rc.Read(turn)
+		if done {
+			return result
+		}
+		if c.p.draining() {
+			return nil
+		}
+		if lingering && errors.Is(err, os.ErrDeadlineExceeded) && (c.idleBy.IsZero() || time.Now().Before(c.idleBy)) {
+			// Nothing came for a while: read once, for the end of
+			// stream a half-closing client sent with its last request.
+			// A wait begins with the deadline checked, so it goes first.
+			lingering = false
+			c.nc.SetReadDeadline(c.idleBy)
 			continue
 		}
-		if err != nil {
-			c.flush()
-			c.logClose(err)
-			return
+		return err // the idle clock ran out, or the connection was closed
+	}
+}
+
+// linger is how long a connection waits for more bytes after a read that
+// emptied its socket before it reads once more anyway. An end of stream
+// that arrives with the last request raises no further readiness, so a
+// client that half-closes after its last request would otherwise wait for
+// its connection to close forever. Under load the next request comes
+// first and the extra read never happens.
+const linger = 20 * time.Millisecond
+
+// lingerUntil is when to read once more: after linger, or when the idle
+// clock runs out if that is sooner.
+func (c *conn) lingerUntil() time.Time {
+	t := time.Now().Add(linger)
+	if !c.idleBy.IsZero() && c.idleBy.Before(t) {
+		return c.idleBy
+	}
+	return t
+}
+
+// serveBlocking runs a connection whose socket the proxy cannot wait on
+// itself (TLS): it reads, handles what arrived, and reads again.
+func (c *conn) serveBlocking() error {
+	for {
+		err := c.process()
+		if err != errNeedMore {
+			return err
 		}
-		if err := c.dispatch(line); err != nil {
-			// A data block that did not arrive in time is idleness too.
-			if !c.idleClosed(err) {
-				c.flush()
-				c.logClose(err)
-			}
-			return
+		if c.p.draining() && c.rd.want == 0 {
+			c.flush()
+			return nil
+		}
+		if err := c.flush(); err != nil {
+			return err
+		}
+		c.putWriter()
+		c.rd.park()
+		c.busy.Store(false)
+		err = c.rd.fill()
+		c.markBusy()
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// process handles every request that has arrived whole. It returns
+// errNeedMore once it needs more bytes, and otherwise the error that
+// closes the connection.
+func (c *conn) process() error {
+	for {
+		start := c.rd.r
+		line, err := c.rd.line()
+		if err != nil {
+			return err
+		}
+		if err := c.dispatch(line, start); err != nil {
+			return err
 		}
 		c.startIdleClock()
 		// A client that is gone gets no more work done for it: memcached
 		// stops at the first failed write too.
 		if c.cc.failed.Load() {
-			return
+			return errClientGone
 		}
 		c.shrink()
+	}
+}
+
+// errClientGone ends a connection whose replies can no longer be written.
+var errClientGone = errors.New("client gone")
+
+// rawConnOf returns the socket of nc for waiting on it directly, or nil
+// when nc is not a plain socket.
+func rawConnOf(nc net.Conn) syscall.RawConn {
+	switch nc.(type) {
+	case *net.TCPConn, *net.UnixConn:
+	default:
+		return nil
+	}
+	rc, err := nc.(syscall.Conn).SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return rc
+}
+
+// fdReader reads a non-blocking socket once, without waiting: an empty
+// socket is errWouldBlock.
+type fdReader struct {
+	fd    int
+	stats *stats
+}
+
+func (r *fdReader) Read(b []byte) (int, error) {
+	for {
+		n, err := syscall.Read(r.fd, b)
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN:
+			return 0, errWouldBlock
+		case err != nil:
+			return 0, os.NewSyscallError("read", err)
+		case n == 0 && len(b) > 0:
+			return 0, io.EOF
+		}
+		r.stats.bytesRead.Add(uint64(n))
+		return n, nil
 	}
 }
 
@@ -145,7 +299,7 @@ func (c *conn) serve() {
 // that left (EOF, quit) or a shutdown is not an error.
 func (c *conn) logClose(err error) {
 	switch {
-	case errors.Is(err, errQuit), errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), c.p.draining():
+	case errors.Is(err, errQuit), errors.Is(err, errClientGone), errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), c.p.draining():
 	case errors.Is(err, errLineTooLong):
 		c.p.log.Warn("client connection closed", "remote", c.nc.RemoteAddr().String(), "err", err)
 	default:
@@ -182,8 +336,8 @@ func (c *conn) shrink() {
 // as the request arrived, so the request can still read its data block.
 func (c *conn) markBusy() {
 	if c.wr == nil {
-		c.wr = writers.Get().(*bufio.Writer)
-		c.wr.Reset(c.cc)
+		c.wr = replyWriters.Get().(*replyWriter)
+		c.wr.reset(c.cc)
 	}
 	c.busy.Store(true)
 	if c.p.draining() {
@@ -196,8 +350,8 @@ func (c *conn) markBusy() {
 // putWriter returns the reply buffer, empty, to the pool.
 func (c *conn) putWriter() {
 	if c.wr != nil {
-		c.wr.Reset(nil)
-		writers.Put(c.wr)
+		c.wr.reset(nil)
+		replyWriters.Put(c.wr)
 		c.wr = nil
 	}
 }
@@ -226,8 +380,10 @@ func (c *conn) replyNumber(n uint64) {
 	c.reply(c.scratch)
 }
 
-// writeValue writes one VALUE block of a retrieval reply.
-func (c *conn) writeValue(key string, flags uint32, cas uint64, value []byte, withCAS bool) {
+// writeValue writes one VALUE block of a retrieval reply. A value that
+// stays unchanged until the replies are flushed (a value read from
+// upstream, in its call's arena) is marked stable and is not copied.
+func (c *conn) writeValue(key string, flags uint32, cas uint64, value []byte, withCAS, stable bool) {
 	b := append(c.scratch[:0], replyValue...)
 	b = append(b, key...)
 	b = append(b, ' ')
@@ -241,7 +397,11 @@ func (c *conn) writeValue(key string, flags uint32, cas uint64, value []byte, wi
 	b = append(b, crlf...)
 	c.scratch = b
 	c.wr.Write(b)
-	c.wr.Write(value)
+	if stable {
+		c.wr.writeRef(value)
+	} else {
+		c.wr.Write(value)
+	}
 	c.wr.Write(crlf)
 }
 
@@ -280,6 +440,21 @@ func (cc *countingConn) Write(b []byte) (int, error) {
 		cc.Conn.SetWriteDeadline(time.Now().Add(cc.writeTimeout))
 	}
 	n, err := cc.Conn.Write(b)
+	return n, cc.wrote(int64(n), err)
+}
+
+// writeBuffers writes every piece of bufs, with writev where the
+// connection takes it.
+func (cc *countingConn) writeBuffers(bufs *net.Buffers) error {
+	if cc.writeTimeout > 0 {
+		cc.Conn.SetWriteDeadline(time.Now().Add(cc.writeTimeout))
+	}
+	n, err := bufs.WriteTo(cc.Conn)
+	return cc.wrote(n, err)
+}
+
+// wrote counts n bytes written and remembers a failed write.
+func (cc *countingConn) wrote(n int64, err error) error {
 	cc.stats.bytesWritten.Add(uint64(n))
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -287,5 +462,5 @@ func (cc *countingConn) Write(b []byte) (int, error) {
 		}
 		cc.failed.Store(true)
 	}
-	return n, err
+	return err
 }

@@ -32,7 +32,8 @@ func (p *Proxy) refuse(nc net.Conn) {
 // is still closed when the whole request does not arrive in time.
 func (c *conn) startIdleClock() {
 	if t := c.p.cfg.IdleTimeout; t > 0 {
-		c.nc.SetReadDeadline(time.Now().Add(t))
+		c.idleBy = time.Now().Add(t)
+		c.nc.SetReadDeadline(c.idleBy)
 	}
 }
 

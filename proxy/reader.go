@@ -15,8 +15,11 @@ const lineLimit = 2048
 var (
 	// errLineTooLong means the client sent a line memcached would not frame.
 	errLineTooLong = errors.New("request line too long")
-	// errNeedMore means no complete line is buffered yet.
+	// errNeedMore means no complete request is buffered yet.
 	errNeedMore = errors.New("need more input")
+	// errWouldBlock means the client has sent nothing more for now: a
+	// read found the socket empty.
+	errWouldBlock = errors.New("no input ready")
 )
 
 // idleReadSize is the read buffer of a connection waiting for a request:
@@ -47,6 +50,16 @@ type reader struct {
 	max   int          // largest buffer a long retrieval line may grow to
 	flush func() error // called before a read that may block
 	err   error        // sticky read error
+
+	// want is how many bytes, from r, the request being framed needs
+	// before it can run: its line and its whole data block. 0: none.
+	want int
+	// skip counts the bytes of a refused data block that are still to
+	// arrive; they are dropped as they come.
+	skip int
+	// short records that the last read did not fill the free space: the
+	// socket had nothing more to give at that moment.
+	short bool
 }
 
 func newReader(src io.Reader, size, max int, flush func() error) *reader {
@@ -168,7 +181,7 @@ func (rd *reader) fill() error {
 		rd.r, rd.w = 0, n
 	}
 	if rd.w == len(rd.buf) {
-		size := min(2*len(rd.buf), rd.max)
+		size := min(2*len(rd.buf), max(rd.max, rd.want))
 		if size <= len(rd.buf) {
 			return errLineTooLong
 		}
@@ -215,12 +228,18 @@ func (rd *reader) data(n int) ([]byte, error) {
 	return out, nil
 }
 
-// discard drops the next n bytes without keeping them.
+// discard drops the next n bytes without keeping them. Bytes that have
+// not arrived yet when the client has nothing more ready are dropped later,
+// as they arrive.
 func (rd *reader) discard(n int) error {
 	for n > 0 {
 		if rd.r == rd.w {
 			rd.r, rd.w = 0, 0
 			if err := rd.readSome(); err != nil {
+				if err == errWouldBlock {
+					rd.skip = n
+					return nil
+				}
 				return err
 			}
 		}
@@ -256,14 +275,26 @@ func (rd *reader) readSome() error {
 			return err
 		}
 	}
-	n, err := rd.src.Read(rd.buf[rd.w:])
+	free := rd.buf[rd.w:]
+	n, err := rd.src.Read(free)
+	rd.short = n < len(free)
 	rd.w += n
+	if rd.skip > 0 {
+		drop := min(rd.skip, rd.w-rd.r)
+		rd.r += drop
+		rd.skip -= drop
+	}
 	if n == 0 && err == nil {
 		err = io.ErrNoProgress
 	}
 	if err != nil && n == 0 {
-		rd.err = err
+		if err != errWouldBlock {
+			rd.err = err
+		}
 		return err
 	}
 	return nil
 }
+
+// buffered reports whether n bytes from r have arrived.
+func (rd *reader) buffered(n int) bool { return rd.w-rd.r >= n }

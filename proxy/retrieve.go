@@ -102,6 +102,10 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 	c.keys = c.keys[:0]
 	c.owners = c.owners[:0]
 	used := c.usedServers()
+	if c.wr.refs > 0 {
+		// Replies not yet written refer to the arenas about to be reused.
+		c.flush()
+	}
 	for _, call := range c.calls {
 		call.reset()
 	}
@@ -182,6 +186,7 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 			if call.err == nil && call.items[o.pos].hit {
 				it := &call.items[o.pos]
 				value, flags, ok := call.value(int(o.pos)), it.flags, true
+				stable := true // the value is the arena's, not decoded
 				switch {
 				case o.bound && !c.p.codec.IsEnveloped(flags):
 					// Under a rewritten key, a plain item is some
@@ -191,9 +196,10 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 				case o.bound || c.p.codec != nil && c.p.codec.IsEnveloped(flags):
 					c.keyBuf = append(c.keyBuf[:0], c.keys[i]...)
 					value, flags, ok = c.open(c.keyBuf, call.keys[o.pos], o.bound, flags, value)
+					stable = false
 				}
 				if ok {
-					c.writeValue(c.keys[i], flags, it.cas, value, withCAS)
+					c.writeValue(c.keys[i], flags, it.cas, value, withCAS, stable)
 					hit = true
 				}
 			}

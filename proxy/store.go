@@ -11,11 +11,14 @@ import (
 // block is always consumed, so the connection never falls out of step.
 func (c *conn) store(id int, w [][]byte) error {
 	st := c.p.stats
-	st.cmdSet.Add(1)
 	a := parseStoreArgs(w, id == cmdCas)
 	if c.p.keys != nil {
 		a.ok = a.argsOK && c.validKey(a.key)
 	}
+	if a.ok && c.awaitBlock(a.vlen+2) {
+		return errNeedMore
+	}
+	st.cmdSet.Add(1)
 	c.noreply = a.noreply
 	if !a.ok {
 		st.record(id, outcomeClientError)
