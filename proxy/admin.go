@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -32,19 +33,29 @@ func (c *conn) arithmetic(w [][]byte, incr bool) error {
 	if bound || c.envelopes(key, 0) {
 		return c.arithmeticEnveloped(id, srv, k, key, bound, incr, delta)
 	}
-	var n uint64
-	var err error
+	verb := "decr "
 	if incr {
-		n, err = srv.client.Increment(k, delta)
-	} else {
-		n, err = srv.client.Decrement(k, delta)
+		verb = "incr "
 	}
+	c.req = appendKeyCommand(c.req[:0], verb, k, w[2])
+	line, err := c.send(srv, c.req, nil)
 	if err != nil {
 		return c.upstreamError(id, srv, err)
 	}
-	c.p.stats.record(id, outcomeOK)
-	c.replyNumber(n)
+	c.answer(id, line)
 	return nil
+}
+
+// appendKeyCommand appends "<verb><key>[ <arg>]\r\n"; verb ends in a
+// space.
+func appendKeyCommand(dst []byte, verb, key string, arg []byte) []byte {
+	dst = append(dst, verb...)
+	dst = append(dst, key...)
+	if arg != nil {
+		dst = append(dst, ' ')
+		dst = append(dst, arg...)
+	}
+	return append(dst, crlf...)
 }
 
 // touch answers touch.
@@ -66,11 +77,12 @@ func (c *conn) touch(w [][]byte) error {
 	}
 	k := string(up)
 	srv := c.up.servers[c.serverFor(k)]
-	if err := srv.client.Touch(k, exptime); err != nil {
+	c.req = appendKeyCommand(c.req[:0], "touch ", k, strconv.AppendInt(c.scratch[:0], int64(exptime), 10))
+	line, err := c.send(srv, c.req, nil)
+	if err != nil {
 		return c.upstreamError(cmdTouch, srv, err)
 	}
-	c.p.stats.record(cmdTouch, outcomeOK)
-	c.reply(replyTouched)
+	c.answer(cmdTouch, line)
 	return nil
 }
 
@@ -97,11 +109,12 @@ func (c *conn) delete(w [][]byte) error {
 	}
 	k := string(up)
 	srv := c.up.servers[c.serverFor(k)]
-	if err := srv.client.Delete(k); err != nil {
+	c.req = appendKeyCommand(c.req[:0], "delete ", k, nil)
+	line, err := c.send(srv, c.req, nil)
+	if err != nil {
 		return c.upstreamError(cmdDelete, srv, err)
 	}
-	c.p.stats.record(cmdDelete, outcomeOK)
-	c.reply(replyDeleted)
+	c.answer(cmdDelete, line)
 	return nil
 }
 

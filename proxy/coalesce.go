@@ -4,20 +4,25 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"sync"
 	"time"
 )
 
-// getCall is one client request's share of keys on one server. A connection
-// keeps one per server and reuses it, buffers included, so a get costs no
+// getCall is one client request's work on one server: its share of the
+// keys of a get, or one command with a one-line reply (a storage command,
+// delete, touch, incr or decr). A connection keeps one per server, and one
+// for commands, and reuses them, buffers included, so a request costs no
 // allocation here once the buffers have grown.
 type getCall struct {
 	keys  []string
 	items []item // one per key, in key order
 	arena []byte // the values of items
-	err   error
-	done  chan signal
+	// A command rather than a get: its line, its data block (nil for
+	// none; it stays unchanged until the call is done), and the line
+	// memcached answered.
+	req, data, reply []byte
+	err              error
+	done             chan signal
 	// queued is when the call began to wait in line, if it did.
 	queued time.Time
 
@@ -51,6 +56,7 @@ func newGetCall() *getCall { return &getCall{done: make(chan signal, 1)} }
 
 // reset empties the call for the next request.
 func (c *getCall) reset() {
+	c.req, c.data = nil, nil
 	c.keys = c.keys[:0]
 	c.items = c.items[:0]
 	if cap(c.arena) > arenaKeep {
@@ -66,38 +72,22 @@ func (c *getCall) value(i int) []byte {
 	return c.arena[it.off : it.off+it.n]
 }
 
-// fetch sends the keys of every call in batch, in order, as one retrieval
-// and hands each call its items. A request is counted once in up, however
-// many clients it served.
-func fetch(pool *rawPool, up *serverStats, r retrieval, batch []*getCall, keys []string) {
+// fetch sends the work of every call in batch, in order, in one write:
+// the keys of consecutive gets as one retrieval, commands as they are. It
+// hands each call its items or its reply line. A batch is counted once in
+// up, however many clients it served.
+func fetch(pool *rawPool, up *serverStats, r retrieval, batch []*getCall) {
 	began := time.Now()
-	var j, start int
-	begin := func() {
-		for _, c := range batch {
-			c.items = append(c.items[:0], make([]item, len(c.keys))...)
-			c.arena = c.arena[:0]
-		}
-		j, start = 0, 0
-	}
-	err := pool.retrieve(r, keys, begin, func(i int, flags uint32, cas uint64, size int) []byte {
-		for i >= start+len(batch[j].keys) {
-			start += len(batch[j].keys)
-			j++
-		}
-		c := batch[j]
-		off := len(c.arena)
-		c.arena = slices.Grow(c.arena, size)[:off+size]
-		c.items[i-start] = item{hit: true, flags: flags, cas: cas, off: off, n: size}
-		return c.arena[off:]
-	})
+	err := pool.exchange(r, batch)
 	up.observe(began, err)
 	for _, c := range batch {
 		c.err = err
 	}
 }
 
-// coalescer turns the gets that many clients send to one server at the same
-// time into few upstream multi-gets, without a goroutine of its own. Up to
+// coalescer turns the requests that many clients send to one server at the
+// same time into few upstream writes and reads, without a goroutine of its
+// own: gets become multi-gets and commands are pipelined beside them. Up to
 // `leaders` calls fetch at once, each on its own client's goroutine; a call
 // arriving while all are busy waits in line, and the next leader to finish
 // hands the line over to the first waiter, which fetches everything that is
@@ -145,7 +135,7 @@ func (co *coalescer) lead(call *getCall) {
 	// Waiters join in order while their keys fit; one whose keys would
 	// overflow the batch waits for the next, so a heavy request never
 	// shares a deadline with light ones it was not already next to.
-	for n < len(co.waiting) && len(keys)+len(co.waiting[n].keys) <= co.maxKeys {
+	for n < len(co.waiting) && len(keys)+len(co.waiting[n].keys) <= co.maxKeys && len(batch) < co.maxKeys {
 		batch = append(batch, co.waiting[n])
 		keys = append(keys, co.waiting[n].keys...)
 		n++
@@ -153,10 +143,10 @@ func (co *coalescer) lead(call *getCall) {
 	co.waiting = co.waiting[n:]
 	co.mu.Unlock()
 
-	fetch(co.pool, co.up, retrieval{}, batch, keys)
+	fetch(co.pool, co.up, retrieval{}, batch)
 	// A batch refused because the server is ejected was never sent: it
 	// counts as an ejected error only, as in the server's own counters.
-	if !errors.Is(call.err, errEjected) {
+	if len(keys) > 0 && !errors.Is(call.err, errEjected) {
 		co.up.all.upstreamGets.Add(1)
 		co.up.all.upstreamGetKeys.Add(uint64(len(keys)))
 	}
@@ -168,12 +158,15 @@ func (co *coalescer) lead(call *getCall) {
 	call.batch, call.batchKeys = batch[:0], keys[:0]
 
 	co.mu.Lock()
-	// Calls that have waited in line for longer than the upstream timeout
-	// give up, unsent: otherwise, behind a server that times out, the
-	// n-th call in line would wait n timeouts. The line is in arrival
+	// After a batch that failed, calls that have waited in line for
+	// longer than the upstream timeout give up, unsent: otherwise, behind
+	// a server that times out, the n-th call in line would wait n
+	// timeouts. Behind a server that answers, a call in line is making
+	// progress, and goes in the next batch however long the one before
+	// took (a heavy one, or a proxy short of CPU). The line is in arrival
 	// order, so they are at its front.
 	expired := call.batch[:0]
-	for len(co.waiting) > 0 && time.Since(co.waiting[0].queued) >= co.pool.timeout {
+	for call.err != nil && len(co.waiting) > 0 && time.Since(co.waiting[0].queued) >= co.pool.timeout {
 		expired = append(expired, co.waiting[0])
 		co.waiting[0] = nil
 		co.waiting = co.waiting[1:]

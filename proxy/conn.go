@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/bradfitz/gomemcache/memcache"
 )
 
 const (
@@ -43,11 +41,12 @@ type conn struct {
 
 	up      *upstreams // the server set of the command being handled
 	calls   []*getCall // one per server of up
+	cmd     *getCall   // a command's call, on whichever server
+	req     []byte     // a command's line, as sent upstream
 	keys    []string
 	owners  []keyOwner
 	seen    map[string]keyOwner // keys already grouped in this request
 	used    []bool
-	item    memcache.Item
 	scratch []byte
 
 	// Values of enveloped items: the envelope being written, the value
@@ -72,6 +71,7 @@ func newConn(p *Proxy, nc net.Conn) *conn {
 	c := &conn{p: p, nc: nc, cc: cc}
 	c.rd = newReader(cc, readBufferSize, int(p.cfg.MaxRequestLine), c.flush)
 	c.words = make([][]byte, 0, maxTokens)
+	c.cmd = newGetCall()
 	c.useUpstreams()
 	return c
 }
@@ -115,6 +115,7 @@ func (c *conn) serve() {
 // poller says bytes are there.
 func (c *conn) serveReady(rc syscall.RawConn) error {
 	c.rd.flush = nil // replies are written before each wait, below
+	c.rd.ready = true
 	src := &fdReader{stats: c.p.stats}
 	c.rd.src = src
 	var result error
@@ -403,6 +404,29 @@ func (c *conn) writeValue(key string, flags uint32, cas uint64, value []byte, wi
 		c.wr.Write(value)
 	}
 	c.wr.Write(crlf)
+}
+
+// send runs one command on srv, pipelined with other clients' requests,
+// and returns the line memcached answered it with. data is the command's
+// data block, or nil.
+func (c *conn) send(srv *server, req, data []byte) ([]byte, error) {
+	call := c.cmd
+	call.reset()
+	call.req, call.data = req, data
+	srv.pipe.get(call)
+	if call.err == nil && isServerError(call.reply) {
+		srv.up.serverError()
+	}
+	return call.reply, call.err
+}
+
+// answer relays memcached's reply line to a command, counted by its
+// outcome.
+func (c *conn) answer(id int, line []byte) outcome {
+	oc := replyOutcome(line)
+	c.p.stats.record(id, oc)
+	c.reply(line)
+	return oc
 }
 
 // forwardable reports whether the upstream client can carry key as it is:

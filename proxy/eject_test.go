@@ -362,7 +362,7 @@ mcsidecar_upstream_gets_total 1
 # HELP mcsidecar_upstream_errors_total Upstream requests that failed, by server and kind: connect, timeout, connection (broken), server_error, protocol, ejected (not sent: the server is ejected).
 # TYPE mcsidecar_upstream_errors_total counter
 ` + upstreamErrorsExposition(map[string]int{up + "/timeout": 1, up + "/ejected": 3}, up) + `
-# HELP mcsidecar_upstream_requests_total Requests sent to upstream servers, by server; a coalesced multi-get counts once.
+# HELP mcsidecar_upstream_requests_total Requests sent to upstream servers, by server; a batch of requests of many clients, written together, counts once.
 # TYPE mcsidecar_upstream_requests_total counter
 mcsidecar_upstream_requests_total{server="` + up + `"} 1
 `

@@ -78,7 +78,8 @@ func (c *conn) open(key []byte, k string, bind bool, storedFlags uint32, stored 
 		r := codec.ReasonOf(err)
 		c.p.stats.codecRefused[r&15].Add(1)
 		if r.Damaged() && c.p.cfg.Codec.DeleteCorrupt {
-			if c.up.servers[c.serverFor(k)].client.Delete(k) == nil {
+			c.req = appendKeyCommand(c.req[:0], "delete ", k, nil)
+			if line, err := c.send(c.up.servers[c.serverFor(k)], c.req, nil); err == nil && bytes.Equal(line, replyDeleted) {
 				c.p.stats.codecDeleted.Add(1)
 			}
 		}

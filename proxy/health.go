@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/bradfitz/gomemcache/memcache"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -143,84 +142,6 @@ func (h *health) close() {
 	}
 	h.mu.Unlock()
 	h.probers.Wait()
-}
-
-// guarded is a server's gomemcache client behind its health and its
-// counters: a request to an ejected server fails at once, without touching
-// the network; every other is timed, counted in the server's stats, and
-// counted towards ejecting it.
-type guarded struct {
-	next cache
-	h    *health
-	st   *serverStats
-}
-
-// call runs one request through g.
-func (g guarded) call(req func() error) error {
-	if err := g.h.admit(); err != nil {
-		g.st.observe(time.Time{}, err)
-		return err
-	}
-	start := time.Now()
-	err := req()
-	if g.h.isClosed() {
-		// The server was closed while this request ran (discovery
-		// removed it): gomemcache pooled the connection again after
-		// Close emptied the pool, and no one would close it later.
-		g.Close()
-	}
-	g.st.observe(start, err)
-	return g.h.observe(err)
-}
-
-func (g guarded) Set(it *memcache.Item) error {
-	return g.call(func() error { return g.next.Set(it) })
-}
-
-func (g guarded) Add(it *memcache.Item) error {
-	return g.call(func() error { return g.next.Add(it) })
-}
-
-func (g guarded) Replace(it *memcache.Item) error {
-	return g.call(func() error { return g.next.Replace(it) })
-}
-
-func (g guarded) Append(it *memcache.Item) error {
-	return g.call(func() error { return g.next.Append(it) })
-}
-
-func (g guarded) Prepend(it *memcache.Item) error {
-	return g.call(func() error { return g.next.Prepend(it) })
-}
-
-func (g guarded) CompareAndSwap(it *memcache.Item) error {
-	return g.call(func() error { return g.next.CompareAndSwap(it) })
-}
-
-func (g guarded) Delete(key string) error {
-	return g.call(func() error { return g.next.Delete(key) })
-}
-
-func (g guarded) Touch(key string, seconds int32) error {
-	return g.call(func() error { return g.next.Touch(key, seconds) })
-}
-
-func (g guarded) Increment(key string, delta uint64) (n uint64, err error) {
-	err = g.call(func() (err error) { n, err = g.next.Increment(key, delta); return err })
-	return n, err
-}
-
-func (g guarded) Decrement(key string, delta uint64) (n uint64, err error) {
-	err = g.call(func() (err error) { n, err = g.next.Decrement(key, delta); return err })
-	return n, err
-}
-
-// Close closes the idle connections of the gomemcache client.
-func (g guarded) Close() error {
-	if c, ok := g.next.(interface{ Close() error }); ok {
-		return c.Close()
-	}
-	return nil
 }
 
 // Per-server health metrics. Every server of the current set is exported,

@@ -54,7 +54,7 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 		bytesIn:     prometheus.NewDesc(ns+"_client_read_bytes_total", "Bytes read from clients.", nil, nil),
 		bytesOut:    prometheus.NewDesc(ns+"_client_written_bytes_total", "Bytes written to clients.", nil, nil),
 		keys:        prometheus.NewDesc(ns+"_retrieved_keys_total", "Keys asked for by retrieval commands, by result.", []string{"result"}, nil),
-		upRequests:  prometheus.NewDesc(ns+"_upstream_requests_total", "Requests sent to upstream servers, by server; a coalesced multi-get counts once.", []string{"server"}, nil),
+		upRequests:  prometheus.NewDesc(ns+"_upstream_requests_total", "Requests sent to upstream servers, by server; a batch of requests of many clients, written together, counts once.", []string{"server"}, nil),
 		upErrors:    prometheus.NewDesc(ns+"_upstream_errors_total", "Upstream requests that failed, by server and kind: connect, timeout, connection (broken), server_error, protocol, ejected (not sent: the server is ejected).", []string{"server", "kind"}, nil),
 		upServers:   prometheus.NewDesc(ns+"_upstream_servers", "Upstream memcached servers in the current set (after DNS discovery).", nil, nil),
 		upGets:      prometheus.NewDesc(ns+"_upstream_gets_total", "Get requests sent upstream; concurrent client gets are coalesced into one.", nil, nil),

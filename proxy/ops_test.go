@@ -126,7 +126,7 @@ func TestUpstreamRequestsAreCountedPerServerFromZero(t *testing.T) {
 	a, b := startMemcached(t), startMemcached(t)
 	p, addr := startProxy(t, testConfig(a, b))
 	reg := registry(t, p)
-	const head = "# HELP mcsidecar_upstream_requests_total Requests sent to upstream servers, by server; a coalesced multi-get counts once.\n" +
+	const head = "# HELP mcsidecar_upstream_requests_total Requests sent to upstream servers, by server; a batch of requests of many clients, written together, counts once.\n" +
 		"# TYPE mcsidecar_upstream_requests_total counter\n"
 	zero := head + "mcsidecar_upstream_requests_total{server=\"" + a + "\"} 0\n" +
 		"mcsidecar_upstream_requests_total{server=\"" + b + "\"} 0\n"

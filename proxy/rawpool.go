@@ -8,23 +8,26 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"slices"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 )
 
-// rawPool carries the retrievals and the few commands the proxy sends
-// without gomemcache, on connections of its own to one server:
+// rawPool holds the connections to one server. Every request to it goes
+// out on them, in the batches its coalescer gathers (exchange), plus
+// flush_all, the version of readiness checks and probes, and the meta
+// commands of an envelope's read-modify-write. One deadline bounds a whole
+// batch, so a server that trickles its reply is still timed out, and
+// values are read straight into their callers' reused buffers.
 //
-//   - get, gets, gat and gats over many keys. gomemcache has no multi-key
-//     gat and no gats, and its GetMulti renews the socket deadline before
-//     every reply line (a server that trickles data is never timed out),
-//     starts a goroutine and builds a map per call, and allocates every
-//     value. Here one deadline bounds the whole request and values are
-//     copied straight into the caller's reused buffer.
-//   - flush_all (gomemcache's takes no delay), and version for readiness.
-//
-// Storage, delete, touch and arithmetic go through gomemcache.
+// Not gomemcache: it takes one connection per request, so requests of many
+// clients never share a write or a read; it has no multi-key gat, no gats
+// and no meta commands; its GetMulti renews the deadline before every reply
+// line, starts a goroutine and builds a map per call, and allocates every
+// value.
 type rawPool struct {
 	dial           func(ctx context.Context, network, addr string) (net.Conn, error)
 	timeout        time.Duration
@@ -37,9 +40,74 @@ type rawPool struct {
 	closed bool
 }
 
+// upstreamReadSize is the read buffer of an upstream connection: large
+// enough that the reply to a multi-get of many values arrives in few reads
+// (a value larger than it is read straight into place). Only connections
+// in use or idle hold one, a few per server.
+const upstreamReadSize = 64 << 10
+
 type rawConn struct {
-	nc net.Conn
-	rw *bufio.ReadWriter
+	nc  net.Conn
+	rw  *bufio.ReadWriter
+	src *sendFirst // under rw's reader
+	out []byte     // a batch of requests being gathered
+}
+
+// sendFirst reads an upstream connection for its bufio.Reader. A batch of
+// requests handed to it is written as the first read begins, inside the
+// wait for the socket to become readable: the read then happens once the
+// replies are there. Writing first and reading after would cost one more
+// read, which finds the socket empty while the server is still answering.
+type sendFirst struct {
+	nc  net.Conn
+	rc  syscall.RawConn // nil: not a plain socket; write, then read
+	out []byte          // to write before the next read; nil: none
+}
+
+func (s *sendFirst) Read(p []byte) (int, error) {
+	out := s.out
+	if out == nil {
+		return s.nc.Read(p)
+	}
+	s.out = nil
+	if s.rc == nil {
+		if _, err := s.nc.Write(out); err != nil {
+			return 0, err
+		}
+		return s.nc.Read(p)
+	}
+	var n int
+	var ioErr error
+	sent := false
+	err := s.rc.Read(func(fd uintptr) bool {
+		if !sent {
+			sent = true
+			_, ioErr = s.nc.Write(out)
+			return ioErr != nil
+		}
+		for {
+			n, ioErr = syscall.Read(int(fd), p)
+			switch {
+			case ioErr == syscall.EINTR:
+				continue
+			case ioErr == syscall.EAGAIN:
+				ioErr = nil
+				return false
+			case ioErr != nil:
+				n, ioErr = 0, os.NewSyscallError("read", ioErr)
+			case n == 0:
+				ioErr = io.EOF
+			}
+			return true
+		}
+	})
+	if ioErr != nil {
+		return 0, ioErr
+	}
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
 }
 
 var errUnexpectedReply = errors.New("unexpected reply from upstream")
@@ -105,7 +173,8 @@ func (p *rawPool) get() (c *rawConn, reused bool, err error) {
 	if err != nil {
 		return nil, false, err
 	}
-	return &rawConn{nc: nc, rw: bufio.NewReadWriter(bufio.NewReaderSize(nc, 16<<10), bufio.NewWriterSize(nc, 4<<10))}, false, nil
+	src := &sendFirst{nc: nc, rc: rawConnOf(nc)}
+	return &rawConn{nc: nc, src: src, rw: bufio.NewReadWriter(bufio.NewReaderSize(src, upstreamReadSize), bufio.NewWriterSize(nc, 4<<10))}, false, nil
 }
 
 // run runs fn on c under one deadline and pools c again if fn succeeded.
@@ -159,73 +228,157 @@ type retrieval struct {
 // into several pipelined lines no longer than this.
 const lineMax = 2048
 
-// retrieve sends keys in retrieval commands, always asking for CAS values
-// (gets, or gats), and reads each hit's value into the buffer that hit
-// returns for it: i is the key's index in keys. begin runs before every
-// attempt, since a retry starts over. memcached answers hits in request
-// order, which is how each VALUE line is matched to its key without a map.
-func (p *rawPool) retrieve(r retrieval, keys []string, begin func(), hit func(i int, flags uint32, cas uint64, size int) []byte) error {
+// exchange sends the work of every call in batch in one write and reads
+// the replies in the same order: consecutive gets go out as retrieval
+// commands over all their keys, always asking for CAS values (gets, or
+// gats), each hit's value read straight into its call's arena; a command
+// goes out as it is and its one reply line is kept. memcached answers in
+// request order, which is how each reply is matched to its call without a
+// map. A retry starts over: the calls are emptied first.
+func (p *rawPool) exchange(r retrieval, batch []*getCall) error {
 	return p.do(func(c *rawConn) error {
-		begin()
-		lines := writeRetrievals(c.rw.Writer, r, keys)
-		if err := c.rw.Flush(); err != nil {
-			return err
+		for _, call := range batch {
+			call.items = append(call.items[:0], make([]item, len(call.keys))...)
+			call.arena = call.arena[:0]
+			call.reply = call.reply[:0]
 		}
-		next := 0
-		for ends := 0; ends < lines; {
-			line, err := c.rw.ReadSlice('\n')
-			if err != nil {
-				return err
-			}
-			if bytes.Equal(line, replyEnd) {
-				ends++
+		out := c.out[:0]
+		for i := 0; i < len(batch); {
+			if batch[i].req != nil {
+				out = append(out, batch[i].req...)
+				if batch[i].data != nil {
+					out = append(out, batch[i].data...)
+					out = append(out, crlf...)
+				}
+				i++
 				continue
 			}
-			key, flags, size, cas, err := parseValueLine(line)
-			if err != nil {
+			j := gets(batch, i)
+			out = appendRetrievals(out, r, batch[i:j])
+			i = j
+		}
+		if len(out) > 0 {
+			c.src.out = out // written as the first reply is read
+		}
+		if cap(out) <= 1<<20 {
+			c.out = out
+		}
+		for i := 0; i < len(batch); {
+			if call := batch[i]; call.req != nil {
+				line, err := c.rw.ReadSlice('\n')
+				if err != nil {
+					return err
+				}
+				call.reply = append(call.reply, line...)
+				i++
+				continue
+			}
+			j := gets(batch, i)
+			if err := readRetrievals(c.rw.Reader, r, batch[i:j]); err != nil {
 				return err
 			}
-			for next < len(keys) && keys[next] != string(key) {
-				next++
-			}
-			if next == len(keys) {
-				return fmt.Errorf("%w: %q answers no key asked for", errUnexpectedReply, line)
-			}
-			if err := readValue(c.rw.Reader, hit(next, flags, cas, size)); err != nil {
-				return err
-			}
-			next++
+			i = j
 		}
 		return nil
 	})
 }
 
-// writeRetrievals writes the request lines for keys and returns how many
-// it wrote. A gets line may be as long as it needs; gats lines are split
-// at lineMax.
-func writeRetrievals(w *bufio.Writer, r retrieval, keys []string) int {
-	var verb []byte
-	if r.touch {
-		verb = strconv.AppendInt([]byte("gats "), int64(r.exptime), 10)
-	} else {
-		verb = []byte("gets")
+// gets returns the end of the run of gets in batch that starts at i.
+func gets(batch []*getCall, i int) int {
+	for i < len(batch) && batch[i].req == nil {
+		i++
 	}
-	lines, n := 0, 0
-	for i, k := range keys {
-		if i == 0 || r.touch && n+1+len(k)+2 > lineMax {
-			if i > 0 {
-				w.Write(crlf)
-			}
-			w.Write(verb)
-			n = len(verb)
-			lines++
+	return i
+}
+
+// readRetrievals reads the replies to the retrieval lines written for
+// calls, up to their last END, into the calls' items.
+func readRetrievals(br *bufio.Reader, r retrieval, calls []*getCall) error {
+	lines := retrievalLines(r, calls)
+	j, next := 0, 0 // the call, and its next key not yet answered
+	for ends := 0; ends < lines; {
+		line, err := br.ReadSlice('\n')
+		if err != nil {
+			return err
 		}
-		w.WriteByte(' ')
-		w.WriteString(k)
-		n += 1 + len(k)
+		if bytes.Equal(line, replyEnd) {
+			ends++
+			continue
+		}
+		key, flags, size, cas, err := parseValueLine(line)
+		if err != nil {
+			return err
+		}
+		for j < len(calls) && (next == len(calls[j].keys) || calls[j].keys[next] != string(key)) {
+			if next++; next >= len(calls[j].keys) {
+				j, next = j+1, 0
+			}
+		}
+		if j == len(calls) {
+			return fmt.Errorf("%w: %q answers no key asked for", errUnexpectedReply, line)
+		}
+		call := calls[j]
+		off := len(call.arena)
+		call.arena = slices.Grow(call.arena, size)[:off+size]
+		call.items[next] = item{hit: true, flags: flags, cas: cas, off: off, n: size}
+		if err := readValue(br, call.arena[off:]); err != nil {
+			return err
+		}
+		if next++; next == len(call.keys) {
+			j, next = j+1, 0
+		}
 	}
-	w.Write(crlf)
+	return nil
+}
+
+// appendRetrievals appends the request lines for the keys of calls. A
+// gets line may be as long as it needs; gats lines are split at lineMax.
+func appendRetrievals(dst []byte, r retrieval, calls []*getCall) []byte {
+	verb := retrievalVerb(r)
+	n, first := 0, true
+	for _, call := range calls {
+		for _, k := range call.keys {
+			if first || r.touch && n+1+len(k)+2 > lineMax {
+				if !first {
+					dst = append(dst, crlf...)
+				}
+				dst = append(dst, verb...)
+				n = len(verb)
+				first = false
+			}
+			dst = append(dst, ' ')
+			dst = append(dst, k...)
+			n += 1 + len(k)
+		}
+	}
+	if !first {
+		dst = append(dst, crlf...)
+	}
+	return dst
+}
+
+// retrievalLines counts the lines appendRetrievals writes for calls.
+func retrievalLines(r retrieval, calls []*getCall) int {
+	verb := retrievalVerb(r)
+	lines, n, first := 0, 0, true
+	for _, call := range calls {
+		for _, k := range call.keys {
+			if first || r.touch && n+1+len(k)+2 > lineMax {
+				n = len(verb)
+				lines++
+				first = false
+			}
+			n += 1 + len(k)
+		}
+	}
 	return lines
+}
+
+func retrievalVerb(r retrieval) []byte {
+	if r.touch {
+		return strconv.AppendInt([]byte("gats "), int64(r.exptime), 10)
+	}
+	return []byte("gets")
 }
 
 // readValue reads a data block into dst, then its "\r\n".

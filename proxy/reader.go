@@ -57,6 +57,10 @@ type reader struct {
 	// skip counts the bytes of a refused data block that are still to
 	// arrive; they are dropped as they come.
 	skip int
+	// ready says reads never block: the caller reads only once the
+	// socket is readable, so nothing is gained by waiting in the small
+	// buffer.
+	ready bool
 	// short records that the last read did not fill the free space: the
 	// socket had nothing more to give at that moment.
 	short bool
@@ -163,8 +167,10 @@ func (rd *reader) fill() error {
 		return rd.err
 	}
 	if rd.parked() {
-		if rd.r < rd.w {
-			rd.unpark() // bytes are waiting: go on in a full buffer
+		if rd.r < rd.w || rd.ready {
+			// Bytes are waiting, or the read cannot block (the caller
+			// waited for readiness): go on in a full buffer.
+			rd.unpark()
 		} else {
 			// The connection was waiting for a request: wait on the
 			// small buffer, and handle what arrived in a full one.

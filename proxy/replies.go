@@ -63,6 +63,32 @@ var outcomeNames = [numOutcomes]string{
 	"client_error", "upstream_error", "ok",
 }
 
+// replyOutcome sorts a reply line memcached sent to a command.
+func replyOutcome(line []byte) outcome {
+	switch {
+	case bytes.Equal(line, replyStored):
+		return outcomeStored
+	case bytes.Equal(line, replyNotStored):
+		return outcomeNotStored
+	case bytes.Equal(line, replyExists):
+		return outcomeExists
+	case bytes.Equal(line, replyNotFound):
+		return outcomeNotFound
+	case isServerError(line):
+		return outcomeUpstreamError
+	case bytes.HasPrefix(line, []byte("CLIENT_ERROR")), bytes.HasPrefix(line, []byte("ERROR")), bytes.Equal(line, replyTooLarge):
+		// memcached refused the client's own request.
+		return outcomeClientError
+	}
+	return outcomeOK // DELETED, TOUCHED, the number of incr and decr
+}
+
+// isServerError reports whether memcached answered a command with a
+// failure of its own, not a refusal of the request.
+func isServerError(line []byte) bool {
+	return bytes.HasPrefix(line, []byte("SERVER_ERROR")) && !bytes.Equal(line, replyTooLarge)
+}
+
 // clientErrorPrefix is how gomemcache reports a CLIENT_ERROR reply of incr
 // and decr; the text after it is memcached's own message.
 const clientErrorPrefix = "memcache: client error: "

@@ -30,10 +30,10 @@ func (c *conn) retrieve(keys [][]byte, withCAS bool) error {
 		go func(co *coalescer, call *getCall) {
 			defer wg.Done()
 			co.get(call)
-		}(c.up.servers[s].gets, call)
+		}(c.up.servers[s].pipe, call)
 	}
 	if first >= 0 {
-		c.up.servers[first].gets.get(c.calls[first])
+		c.up.servers[first].pipe.get(c.calls[first])
 	}
 	wg.Wait()
 	return c.answerRetrieval(id, withCAS)
@@ -75,7 +75,7 @@ func (c *conn) fetchAndTouch(r retrieval, keys [][]byte) {
 			go func(srv *server, call *getCall) {
 				defer wg.Done()
 				batch := append(call.batch[:0], call)
-				fetch(srv.raw, srv.up, r, batch, call.keys)
+				fetch(srv.raw, srv.up, r, batch)
 				call.batch = batch[:0]
 			}(c.up.servers[s], call)
 		}

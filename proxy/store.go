@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"math"
+	"strconv"
 )
 
 // store answers set, add, replace, append, prepend and cas. The checks run
@@ -79,45 +80,45 @@ func (c *conn) store(id int, w [][]byte) error {
 			return c.tooLarge(id, k, 0)
 		}
 	}
-	c.item.Key = k
-	c.item.Value = value
-	c.item.Flags = flags
-	c.item.Expiration = a.exptime
-	c.item.CasID = a.cas
 	srv := c.up.servers[c.serverFor(k)]
-	switch id {
-	case cmdSet:
-		err = srv.client.Set(&c.item)
-	case cmdAdd:
-		err = srv.client.Add(&c.item)
-	case cmdReplace:
-		err = srv.client.Replace(&c.item)
-	case cmdAppend:
-		err = srv.client.Append(&c.item)
-	case cmdPrepend:
-		err = srv.client.Prepend(&c.item)
-	case cmdCas:
-		err = srv.client.CompareAndSwap(&c.item)
-	}
-	if err != nil && id == cmdSet && isConnError(err) {
-		// A set is safe to repeat: after a server restart the pooled
-		// connection was dead, and a new one will do.
-		srv.dropIdle(err)
-		err = srv.client.Set(&c.item)
-	}
-	c.item.Value = nil
+	c.req = appendStorage(c.req[:0], storageVerbs[id], k, flags, a.exptime, len(value), a.cas, id == cmdCas)
+	line, err := c.send(srv, c.req, value)
 	if err != nil {
 		return c.upstreamError(id, srv, err)
 	}
-	if enveloped {
-		c.countStored(vlen, len(value))
+	if c.answer(id, line) == outcomeStored {
+		if enveloped {
+			c.countStored(vlen, len(value))
+		}
+		if tenant != nil {
+			tenant.written.Add(uint64(len(value)))
+		}
 	}
-	if tenant != nil {
-		tenant.written.Add(uint64(len(value)))
-	}
-	st.record(id, outcomeStored)
-	c.reply(replyStored)
 	return nil
+}
+
+// storageVerbs names the storage commands upstream.
+var storageVerbs = [numCommands]string{cmdSet: "set", cmdAdd: "add", cmdReplace: "replace", cmdAppend: "append", cmdPrepend: "prepend", cmdCas: "cas"}
+
+// appendStorage appends the line of a storage command: "<verb> <key>
+// <flags> <exptime> <bytes> [<cas>]". It never asks for noreply: on a
+// connection shared by many clients every request is answered, so replies
+// stay matched to requests; a client's noreply only drops the answer.
+func appendStorage(dst []byte, verb, key string, flags uint32, exptime int32, size int, cas uint64, withCAS bool) []byte {
+	dst = append(dst, verb...)
+	dst = append(dst, ' ')
+	dst = append(dst, key...)
+	dst = append(dst, ' ')
+	dst = strconv.AppendUint(dst, uint64(flags), 10)
+	dst = append(dst, ' ')
+	dst = strconv.AppendInt(dst, int64(exptime), 10)
+	dst = append(dst, ' ')
+	dst = strconv.AppendInt(dst, int64(size), 10)
+	if withCAS {
+		dst = append(dst, ' ')
+		dst = strconv.AppendUint(dst, cas, 10)
+	}
+	return append(dst, crlf...)
 }
 
 // tooLarge refuses a value over the size limits and consumes the n bytes
@@ -128,7 +129,8 @@ func (c *conn) tooLarge(id int, k string, n int) error {
 	if id == cmdSet {
 		// memcached drops the old value rather than keep serving it
 		// after a set it could not store.
-		c.up.servers[c.serverFor(k)].client.Delete(k)
+		c.req = appendKeyCommand(c.req[:0], "delete ", k, nil)
+		c.send(c.up.servers[c.serverFor(k)], c.req, nil)
 	}
 	if n == 0 {
 		return nil

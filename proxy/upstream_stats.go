@@ -82,6 +82,13 @@ func newServerStats(name string, st *stats) *serverStats {
 // observe records one request to the server that began at start. A request
 // refused because the server is ejected was never sent: it counts as an
 // error of its own kind only.
+// serverError counts a SERVER_ERROR reply to one command of a batch that
+// was otherwise answered.
+func (s *serverStats) serverError() {
+	s.errors[kindServerError].Add(1)
+	s.all.upstreamErrors.Add(1)
+}
+
 func (s *serverStats) observe(start time.Time, err error) {
 	if errors.Is(err, errEjected) {
 		s.errors[kindEjected].Add(1)
