@@ -4,9 +4,11 @@ import (
 	"crypto/md5"
 	"encoding/binary"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 
+	"github.com/bradfitz/gomemcache/memcache"
 	"github.com/cespare/xxhash/v2"
 	jump "github.com/dgryski/go-jump"
 	"github.com/facette/natsort"
@@ -107,4 +109,63 @@ func (k *ketama) pick(key string) int {
 		i = 0
 	}
 	return k.owner[i]
+}
+
+// ServerSelector places keys on memcached servers exactly as the proxy
+// does, for a gomemcache client (memcache.NewFromSelector): the same
+// selector over the same servers in the same order, as grafana/dskit's
+// selectors plug into gomemcache. A client and a sidecar configured with
+// the same servers and scheme agree on every key the sidecar forwards
+// unchanged.
+type ServerSelector struct {
+	addrs []net.Addr
+	sel   selector
+}
+
+var _ memcache.ServerSelector = (*ServerSelector)(nil)
+
+// NewServerSelector returns the selector named by scheme (jump or ketama)
+// over servers, each host:port or unix:/path as in --upstream.
+func NewServerSelector(scheme string, servers []string) (*ServerSelector, error) {
+	names := orderServers(servers)
+	sel, err := newSelector(scheme, names)
+	if err != nil {
+		return nil, err
+	}
+	ss := &ServerSelector{sel: sel}
+	for _, name := range names {
+		network, addr, err := splitUpstream(name)
+		if err != nil {
+			return nil, err
+		}
+		var a net.Addr
+		if network == "unix" {
+			a, err = net.ResolveUnixAddr(network, addr)
+		} else {
+			a, err = net.ResolveTCPAddr(network, addr)
+		}
+		if err != nil {
+			return nil, err
+		}
+		ss.addrs = append(ss.addrs, a)
+	}
+	return ss, nil
+}
+
+// PickServer returns the server that owns key.
+func (ss *ServerSelector) PickServer(key string) (net.Addr, error) {
+	if len(ss.addrs) == 0 {
+		return nil, memcache.ErrNoServers
+	}
+	return ss.addrs[ss.sel.pick(key)], nil
+}
+
+// Each calls f for every server, in the selector's order.
+func (ss *ServerSelector) Each(f func(net.Addr) error) error {
+	for _, a := range ss.addrs {
+		if err := f(a); err != nil {
+			return err
+		}
+	}
+	return nil
 }

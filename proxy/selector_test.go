@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bradfitz/gomemcache/memcache"
 	"github.com/cespare/xxhash/v2"
 )
 
@@ -119,5 +120,60 @@ func TestKetamaPlacesKeysWhereTwemproxyDoes(t *testing.T) {
 		if got := exchange(t, u, gets.String()); strings.Count(got, "VALUE ") == 0 {
 			t.Fatalf("server %s holds none of the keys", u)
 		}
+	}
+}
+
+// TestGomemcachePlacesKeysWhereTheProxyDoes: a gomemcache client built on
+// ServerSelector and a proxy over the same servers, listed in other
+// orders, put every key on the same memcached: values one stores directly
+// the other finds, for both selectors and several server counts.
+func TestGomemcachePlacesKeysWhereTheProxyDoes(t *testing.T) {
+	for _, tc := range []struct {
+		scheme  string
+		servers int
+	}{{selectJump, 1}, {selectJump, 2}, {selectJump, 3}, {selectJump, 5}, {selectKetama, 3}} {
+		t.Run(fmt.Sprintf("%s over %d", tc.scheme, tc.servers), func(t *testing.T) {
+			var addrs []string
+			for range tc.servers {
+				addrs = append(addrs, startMemcached(t))
+			}
+			cfg := testConfig(addrs...)
+			cfg.Selector = tc.scheme
+			_, via := startProxy(t, cfg)
+			reversed := slices.Clone(addrs)
+			slices.Reverse(reversed)
+			ss, err := NewServerSelector(tc.scheme, reversed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			direct := memcache.NewFromSelector(ss)
+			proxied := memcache.New(via)
+			perServer := make(map[string]int)
+			for i := range 200 {
+				// Keys a store-gateway sends, and keys of the proxy's test
+				// load; every one stored by one client, read by the other.
+				key := fmt.Sprintf("P2:tenant-%d:01HZ%022d:label", i%7, i)
+				writer, reader := direct, proxied
+				if i%2 == 1 {
+					writer, reader = proxied, direct
+				}
+				value := []byte(strconv.Itoa(i))
+				if err := writer.Set(&memcache.Item{Key: key, Value: value}); err != nil {
+					t.Fatalf("set %s: %v", key, err)
+				}
+				it, err := reader.Get(key)
+				if err != nil {
+					t.Fatalf("key %s stored by one client is %v for the other", key, err)
+				}
+				if string(it.Value) != string(value) {
+					t.Fatalf("key %s: %q, want %q", key, it.Value, value)
+				}
+				a, _ := ss.PickServer(key)
+				perServer[a.String()]++
+			}
+			if len(perServer) != tc.servers {
+				t.Errorf("keys landed on %d of %d servers: %v", len(perServer), tc.servers, perServer)
+			}
+		})
 	}
 }
