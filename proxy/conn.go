@@ -67,7 +67,7 @@ type keyOwner struct {
 }
 
 func newConn(p *Proxy, nc net.Conn) *conn {
-	cc := &countingConn{Conn: nc, stats: p.stats, writeTimeout: p.cfg.IdleTimeout}
+	cc := &countingConn{Conn: nc, stats: p.stats, writeTimeout: p.cfg.IdleTimeout, direct: rawConnOf(nc) != nil}
 	c := &conn{p: p, nc: nc, cc: cc}
 	c.rd = newReader(cc, readBufferSize, int(p.cfg.MaxRequestLine), c.flush)
 	c.words = make([][]byte, 0, maxTokens)
@@ -450,6 +450,7 @@ type countingConn struct {
 	net.Conn
 	stats        *stats
 	writeTimeout time.Duration
+	direct       bool // a plain socket: writev writes many pieces at once
 	failed       atomic.Bool
 }
 

@@ -62,6 +62,20 @@ type sendFirst struct {
 	nc  net.Conn
 	rc  syscall.RawConn // nil: not a plain socket; write, then read
 	out []byte          // to write before the next read; nil: none
+
+	// The read in progress, for onReadable: kept here, with the callback
+	// made once, so that a read allocates nothing.
+	turn func(fd uintptr) bool
+	p    []byte
+	n    int
+	err  error
+	sent bool
+}
+
+func newSendFirst(nc net.Conn) *sendFirst {
+	s := &sendFirst{nc: nc, rc: rawConnOf(nc)}
+	s.turn = s.onReadable
+	return s
 }
 
 func (s *sendFirst) Read(p []byte) (int, error) {
@@ -69,45 +83,49 @@ func (s *sendFirst) Read(p []byte) (int, error) {
 	if out == nil {
 		return s.nc.Read(p)
 	}
-	s.out = nil
 	if s.rc == nil {
+		s.out = nil
 		if _, err := s.nc.Write(out); err != nil {
 			return 0, err
 		}
 		return s.nc.Read(p)
 	}
-	var n int
-	var ioErr error
-	sent := false
-	err := s.rc.Read(func(fd uintptr) bool {
-		if !sent {
-			sent = true
-			_, ioErr = s.nc.Write(out)
-			return ioErr != nil
-		}
-		for {
-			n, ioErr = syscall.Read(int(fd), p)
-			switch {
-			case ioErr == syscall.EINTR:
-				continue
-			case ioErr == syscall.EAGAIN:
-				ioErr = nil
-				return false
-			case ioErr != nil:
-				n, ioErr = 0, os.NewSyscallError("read", ioErr)
-			case n == 0:
-				ioErr = io.EOF
-			}
-			return true
-		}
-	})
-	if ioErr != nil {
-		return 0, ioErr
+	s.p, s.n, s.err, s.sent = p, 0, nil, false
+	err := s.rc.Read(s.turn)
+	s.p, s.out = nil, nil
+	if s.err != nil {
+		return 0, s.err
 	}
 	if err != nil {
 		return 0, err
 	}
-	return n, nil
+	return s.n, nil
+}
+
+// onReadable is the callback of the wait. Its first call writes the batch
+// (the wait has begun: no readiness the replies raise is lost) and waits;
+// later ones read.
+func (s *sendFirst) onReadable(fd uintptr) bool {
+	if !s.sent {
+		s.sent = true
+		_, s.err = s.nc.Write(s.out)
+		return s.err != nil
+	}
+	for {
+		n, err := syscall.Read(int(fd), s.p)
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN:
+			return false
+		case err != nil:
+			s.err = os.NewSyscallError("read", err)
+		case n == 0:
+			s.err = io.EOF
+		}
+		s.n = n
+		return true
+	}
 }
 
 var errUnexpectedReply = errors.New("unexpected reply from upstream")
@@ -173,7 +191,7 @@ func (p *rawPool) get() (c *rawConn, reused bool, err error) {
 	if err != nil {
 		return nil, false, err
 	}
-	src := &sendFirst{nc: nc, rc: rawConnOf(nc)}
+	src := newSendFirst(nc)
 	return &rawConn{nc: nc, src: src, rw: bufio.NewReadWriter(bufio.NewReaderSize(src, upstreamReadSize), bufio.NewWriterSize(nc, 4<<10))}, false, nil
 }
 
@@ -386,13 +404,14 @@ func readValue(br *bufio.Reader, dst []byte) error {
 	if _, err := io.ReadFull(br, dst); err != nil {
 		return err
 	}
-	var end [2]byte
-	if _, err := io.ReadFull(br, end[:]); err != nil {
+	end, err := br.Peek(2)
+	if err != nil {
 		return err
 	}
-	if end != [2]byte{'\r', '\n'} {
+	if end[0] != '\r' || end[1] != '\n' {
 		return errUnexpectedReply
 	}
+	br.Discard(2)
 	return nil
 }
 

@@ -37,7 +37,7 @@ var replyWriters = sync.Pool{New: func() any { return &replyWriter{buf: make([]b
 
 func (w *replyWriter) reset(cc *countingConn) {
 	w.cc = cc
-	w.direct = cc != nil && rawConnOf(cc.Conn) != nil
+	w.direct = cc != nil && cc.direct
 	w.buf = w.buf[:0]
 	clear(w.pieces)
 	w.pieces = w.pieces[:0]

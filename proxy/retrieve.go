@@ -14,29 +14,41 @@ func (c *conn) retrieve(keys [][]byte, withCAS bool) error {
 		return nil
 	}
 	used := c.groupKeys(keys)
-	// The first server's share is fetched on this goroutine, the others'
-	// alongside it.
-	var wg sync.WaitGroup
+	c.fetchGroups(used)
+	return c.answerRetrieval(id, withCAS)
+}
+
+// fetchGroups sends each used server's share of keys to its coalescer:
+// the first server's on this goroutine, the others' alongside it.
+func (c *conn) fetchGroups(used []bool) {
 	first := -1
-	for s, call := range c.calls {
+	for s := range c.calls {
+		if used[s] {
+			first = s
+			break
+		}
+	}
+	if first < 0 {
+		return
+	}
+	var wg *sync.WaitGroup // only a request over several servers needs one
+	for s := first + 1; s < len(c.calls); s++ {
 		if !used[s] {
 			continue
 		}
-		if first < 0 {
-			first = s
-			continue
+		if wg == nil {
+			wg = new(sync.WaitGroup)
 		}
 		wg.Add(1)
 		go func(co *coalescer, call *getCall) {
 			defer wg.Done()
 			co.get(call)
-		}(c.up.servers[s].pipe, call)
+		}(c.up.servers[s].pipe, c.calls[s])
 	}
-	if first >= 0 {
-		c.up.servers[first].pipe.get(c.calls[first])
+	c.up.servers[first].pipe.get(c.calls[first])
+	if wg != nil {
+		wg.Wait()
 	}
-	wg.Wait()
-	return c.answerRetrieval(id, withCAS)
 }
 
 // getAndTouch answers gat and gats, whose first word is the new exptime.
