@@ -27,8 +27,7 @@ type getCall struct {
 	queued time.Time
 
 	// Scratch for when this call leads a batch.
-	batch     []*getCall
-	batchKeys []string
+	batch []*getCall
 }
 
 // item is one key's result: a hit's flags, CAS and where its value sits in
@@ -129,15 +128,15 @@ func (co *coalescer) get(call *getCall) {
 // passes leadership on to the next waiter or gives the slot back.
 func (co *coalescer) lead(call *getCall) {
 	batch := append(call.batch[:0], call)
-	keys := append(call.batchKeys[:0], call.keys...)
+	keys := len(call.keys)
 	co.mu.Lock()
 	n := 0
 	// Waiters join in order while their keys fit; one whose keys would
 	// overflow the batch waits for the next, so a heavy request never
 	// shares a deadline with light ones it was not already next to.
-	for n < len(co.waiting) && len(keys)+len(co.waiting[n].keys) <= co.maxKeys && len(batch) < co.maxKeys {
+	for n < len(co.waiting) && keys+len(co.waiting[n].keys) <= co.maxKeys && len(batch) < co.maxKeys {
 		batch = append(batch, co.waiting[n])
-		keys = append(keys, co.waiting[n].keys...)
+		keys += len(co.waiting[n].keys)
 		n++
 	}
 	co.waiting = co.waiting[n:]
@@ -146,16 +145,15 @@ func (co *coalescer) lead(call *getCall) {
 	fetch(co.pool, co.up, retrieval{}, batch)
 	// A batch refused because the server is ejected was never sent: it
 	// counts as an ejected error only, as in the server's own counters.
-	if len(keys) > 0 && !errors.Is(call.err, errEjected) {
+	if keys > 0 && !errors.Is(call.err, errEjected) {
 		co.up.all.upstreamGets.Add(1)
-		co.up.all.upstreamGetKeys.Add(uint64(len(keys)))
+		co.up.all.upstreamGetKeys.Add(uint64(keys))
 	}
 	for _, c := range batch[1:] {
 		c.done <- signalDone
 	}
 	clear(batch)
-	clear(keys)
-	call.batch, call.batchKeys = batch[:0], keys[:0]
+	call.batch = batch[:0]
 
 	co.mu.Lock()
 	// After a batch that failed, calls that have waited in line for

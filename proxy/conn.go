@@ -22,8 +22,7 @@ const (
 var errQuit = errors.New("quit")
 
 // conn is one client connection. Everything it needs per request is kept
-// here and reused, so a steady stream of requests allocates little beyond
-// what gomemcache itself does.
+// here and reused, so a steady stream of requests allocates little.
 type conn struct {
 	p       *Proxy
 	nc      net.Conn
@@ -318,7 +317,7 @@ func (c *conn) shrink() {
 	if cap(c.keys) > keep {
 		c.keys, c.owners, c.seen = nil, nil, nil
 		for i, call := range c.calls {
-			if cap(call.keys) > keep || cap(call.batchKeys) > keep {
+			if cap(call.keys) > keep || cap(call.batch) > keep {
 				c.calls[i] = newGetCall()
 			}
 		}

@@ -121,17 +121,6 @@ func (h *health) probeUntilBack() {
 	h.log.Info("upstream server back", "server", h.name, "ejected_for", time.Since(h.since).Round(time.Millisecond))
 }
 
-// isClosed reports whether close has begun. It takes no lock: a closed
-// channel is seen closed without one.
-func (h *health) isClosed() bool {
-	select {
-	case <-h.stop:
-		return true
-	default:
-		return false
-	}
-}
-
 // close stops the prober, if one runs, and waits for it. A probe in flight
 // ends within the upstream timeout.
 func (h *health) close() {

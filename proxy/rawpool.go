@@ -47,10 +47,11 @@ type rawPool struct {
 const upstreamReadSize = 64 << 10
 
 type rawConn struct {
-	nc  net.Conn
-	rw  *bufio.ReadWriter
-	src *sendFirst // under rw's reader
-	out []byte     // a batch of requests being gathered
+	nc    net.Conn
+	rw    *bufio.ReadWriter
+	src   *sendFirst // under rw's reader
+	out   []byte     // a batch of requests being gathered
+	lines []int      // how many retrieval lines each run of gets of it has
 }
 
 // sendFirst reads an upstream connection for its bufio.Reader. A batch of
@@ -260,7 +261,7 @@ func (p *rawPool) exchange(r retrieval, batch []*getCall) error {
 			call.arena = call.arena[:0]
 			call.reply = call.reply[:0]
 		}
-		out := c.out[:0]
+		out, lines := c.out[:0], c.lines[:0]
 		for i := 0; i < len(batch); {
 			if batch[i].req != nil {
 				out = append(out, batch[i].req...)
@@ -272,9 +273,12 @@ func (p *rawPool) exchange(r retrieval, batch []*getCall) error {
 				continue
 			}
 			j := gets(batch, i)
-			out = appendRetrievals(out, r, batch[i:j])
+			var n int
+			out, n = appendRetrievals(out, r, batch[i:j])
+			lines = append(lines, n)
 			i = j
 		}
+		c.lines = lines
 		if len(out) > 0 {
 			c.src.out = out // written as the first reply is read
 		}
@@ -292,9 +296,10 @@ func (p *rawPool) exchange(r retrieval, batch []*getCall) error {
 				continue
 			}
 			j := gets(batch, i)
-			if err := readRetrievals(c.rw.Reader, r, batch[i:j]); err != nil {
+			if err := readRetrievals(c.rw.Reader, lines[0], batch[i:j]); err != nil {
 				return err
 			}
+			lines = lines[1:]
 			i = j
 		}
 		return nil
@@ -310,9 +315,8 @@ func gets(batch []*getCall, i int) int {
 }
 
 // readRetrievals reads the replies to the retrieval lines written for
-// calls, up to their last END, into the calls' items.
-func readRetrievals(br *bufio.Reader, r retrieval, calls []*getCall) error {
-	lines := retrievalLines(r, calls)
+// calls (lines of them), up to their last END, into the calls' items.
+func readRetrievals(br *bufio.Reader, lines int, calls []*getCall) error {
 	j, next := 0, 0 // the call, and its next key not yet answered
 	for ends := 0; ends < lines; {
 		line, err := br.ReadSlice('\n')
@@ -349,54 +353,34 @@ func readRetrievals(br *bufio.Reader, r retrieval, calls []*getCall) error {
 	return nil
 }
 
-// appendRetrievals appends the request lines for the keys of calls. A
-// gets line may be as long as it needs; gats lines are split at lineMax.
-func appendRetrievals(dst []byte, r retrieval, calls []*getCall) []byte {
-	verb := retrievalVerb(r)
-	n, first := 0, true
+// appendRetrievals appends the request lines for the keys of calls and
+// says how many lines it wrote. A gets line may be as long as it needs;
+// gats lines are split at lineMax.
+func appendRetrievals(dst []byte, r retrieval, calls []*getCall) ([]byte, int) {
+	lines, start := 0, 0 // start: where the current line begins in dst
 	for _, call := range calls {
 		for _, k := range call.keys {
-			if first || r.touch && n+1+len(k)+2 > lineMax {
-				if !first {
+			if lines == 0 || r.touch && len(dst)-start+1+len(k)+2 > lineMax {
+				if lines > 0 {
 					dst = append(dst, crlf...)
 				}
-				dst = append(dst, verb...)
-				n = len(verb)
-				first = false
+				start = len(dst)
+				if r.touch {
+					dst = append(dst, "gats "...)
+					dst = strconv.AppendInt(dst, int64(r.exptime), 10)
+				} else {
+					dst = append(dst, "gets"...)
+				}
+				lines++
 			}
 			dst = append(dst, ' ')
 			dst = append(dst, k...)
-			n += 1 + len(k)
 		}
 	}
-	if !first {
+	if lines > 0 {
 		dst = append(dst, crlf...)
 	}
-	return dst
-}
-
-// retrievalLines counts the lines appendRetrievals writes for calls.
-func retrievalLines(r retrieval, calls []*getCall) int {
-	verb := retrievalVerb(r)
-	lines, n, first := 0, 0, true
-	for _, call := range calls {
-		for _, k := range call.keys {
-			if first || r.touch && n+1+len(k)+2 > lineMax {
-				n = len(verb)
-				lines++
-				first = false
-			}
-			n += 1 + len(k)
-		}
-	}
-	return lines
-}
-
-func retrievalVerb(r retrieval) []byte {
-	if r.touch {
-		return strconv.AppendInt([]byte("gats "), int64(r.exptime), 10)
-	}
-	return []byte("gets")
+	return dst, lines
 }
 
 // readValue reads a data block into dst, then its "\r\n".

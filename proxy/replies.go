@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-
-	"github.com/bradfitz/gomemcache/memcache"
 )
 
 // Fixed replies, written exactly as memcached 1.6 writes them.
@@ -89,28 +87,13 @@ func isServerError(line []byte) bool {
 	return bytes.HasPrefix(line, []byte("SERVER_ERROR")) && !bytes.Equal(line, replyTooLarge)
 }
 
-// clientErrorPrefix is how gomemcache reports a CLIENT_ERROR reply of incr
-// and decr; the text after it is memcached's own message.
-const clientErrorPrefix = "memcache: client error: "
-
-// upstreamReply maps an error from an upstream call to the reply memcached
-// would have sent and the request's outcome. Cache outcomes map to their
-// fixed replies; a CLIENT_ERROR or SERVER_ERROR line the server sent is
-// relayed as it was sent; anything else is an upstream failure.
+// upstreamReply maps an error from an upstream request to the reply for
+// the client and the request's outcome: a CLIENT_ERROR or SERVER_ERROR line
+// the server sent where the proxy expected another reply (the meta
+// commands of a read-modify-write) is relayed as it was sent; anything else
+// is an upstream failure.
 func upstreamReply(err error) ([]byte, outcome) {
-	switch {
-	case errors.Is(err, memcache.ErrCacheMiss):
-		return replyNotFound, outcomeNotFound
-	case errors.Is(err, memcache.ErrNotStored):
-		return replyNotStored, outcomeNotStored
-	case errors.Is(err, memcache.ErrCASConflict):
-		return replyExists, outcomeExists
-	}
-	msg := err.Error()
-	if rest, ok := strings.CutPrefix(msg, clientErrorPrefix); ok {
-		return []byte("CLIENT_ERROR " + rest + "\r\n"), outcomeClientError
-	}
-	if line, ok := relayedLine(msg); ok {
+	if line, ok := relayedLine(err.Error()); ok {
 		if bytes.Equal(line, replyTooLarge) {
 			// The server's item limit, not a failure of the server.
 			return line, outcomeClientError
@@ -123,9 +106,9 @@ func upstreamReply(err error) ([]byte, outcome) {
 	return replyUpstreamDown, outcomeUpstreamError
 }
 
-// relayedLine finds the SERVER_ERROR or CLIENT_ERROR line that gomemcache
-// quotes in its "unexpected response line" errors, so that a client sees
-// memcached's own words (for example "object too large for cache").
+// relayedLine finds the SERVER_ERROR or CLIENT_ERROR line quoted in an
+// errUnexpectedReply error, so that a client sees memcached's own words
+// (for example "object too large for cache").
 func relayedLine(msg string) ([]byte, bool) {
 	i := strings.LastIndex(msg, ": \"")
 	if i < 0 {
@@ -158,6 +141,5 @@ func isConnError(err error) bool {
 
 func isTimeout(err error) bool {
 	var ne net.Error
-	var cte *memcache.ConnectTimeoutError
-	return errors.As(err, &cte) || errors.As(err, &ne) && ne.Timeout()
+	return errors.As(err, &ne) && ne.Timeout()
 }

@@ -20,13 +20,13 @@ const flushAt = 256 << 10
 // writev, so a multi-get of large values is neither copied nor written in
 // fixed-size pieces.
 type replyWriter struct {
-	cc     *countingConn
-	direct bool   // cc's connection takes writev; else every byte is copied
-	buf    []byte // copied bytes
+	cc  *countingConn
+	buf []byte // copied bytes
+	// pieces, once a value is referred to, are the pending replies in
+	// order: slices of buf and the values themselves.
 	pieces net.Buffers
 	done   int // bytes of buf already in pieces
 	size   int // bytes pending in all
-	refs   int // pieces that refer to memory the writer does not own
 }
 
 // replyWriters holds the reply buffers of connections that wait for a
@@ -37,11 +37,10 @@ var replyWriters = sync.Pool{New: func() any { return &replyWriter{buf: make([]b
 
 func (w *replyWriter) reset(cc *countingConn) {
 	w.cc = cc
-	w.direct = cc != nil && cc.direct
 	w.buf = w.buf[:0]
 	clear(w.pieces)
 	w.pieces = w.pieces[:0]
-	w.done, w.size, w.refs = 0, 0, 0
+	w.done, w.size = 0, 0
 }
 
 // Write copies b into the pending replies. It never fails: errors surface
@@ -58,13 +57,12 @@ func (w *replyWriter) Write(b []byte) (int, error) {
 // writeRef adds b to the pending replies without copying it when it is
 // large; b must stay unchanged until the next flush.
 func (w *replyWriter) writeRef(b []byte) {
-	if len(b) < refMin || !w.direct {
+	if len(b) < refMin || !w.cc.direct {
 		w.Write(b)
 		return
 	}
 	w.cut()
 	w.pieces = append(w.pieces, b)
-	w.refs++
 	w.size += len(b)
 	if w.size >= flushAt {
 		w.flush()
@@ -79,8 +77,9 @@ func (w *replyWriter) cut() {
 	}
 }
 
-// buffered is how many bytes wait to be written.
-func (w *replyWriter) buffered() int { return w.size }
+// refers reports whether pending replies refer to values the writer does
+// not own, which must stay unchanged until the next flush.
+func (w *replyWriter) refers() bool { return len(w.pieces) > 0 }
 
 // flush writes every pending reply: one write, or one writev when values
 // are referred to.

@@ -114,7 +114,7 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 	c.keys = c.keys[:0]
 	c.owners = c.owners[:0]
 	used := c.usedServers()
-	if c.wr.refs > 0 {
+	if c.wr.refers() {
 		// Replies not yet written refer to the arenas about to be reused.
 		c.flush()
 	}

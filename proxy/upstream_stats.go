@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/bradfitz/gomemcache/memcache"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -42,14 +41,11 @@ func kindOf(err error) errKind {
 		return kindNone
 	}
 	var op *net.OpError
-	var cte *memcache.ConnectTimeoutError
 	switch {
-	case errors.As(err, &cte), errors.As(err, &op) && op.Op == "dial":
+	case errors.As(err, &op) && op.Op == "dial":
 		return kindConnect
 	case isTimeout(err):
 		return kindTimeout
-	case errors.Is(err, memcache.ErrServerError):
-		return kindServerError
 	case isConnError(err):
 		return kindConnection
 	}
