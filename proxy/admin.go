@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -29,20 +30,26 @@ func (c *conn) arithmetic(w [][]byte, incr bool) error {
 		return nil
 	}
 	k := string(up)
-	srv := c.up.servers[c.serverFor(k)]
 	if bound || c.envelopes(key, 0) {
-		return c.arithmeticEnveloped(id, srv, k, key, bound, incr, delta)
+		srv, z := c.decidingServer(k)
+		err := c.arithmeticEnveloped(id, srv, k, key, bound, incr, delta)
+		if c.changed {
+			c.alignDelete(z, k)
+		}
+		return err
 	}
 	verb := "decr "
 	if incr {
 		verb = "incr "
 	}
 	c.req = appendKeyCommand(c.req[:0], verb, k, w[2])
-	line, err := c.send(srv, c.req, nil)
+	line, z, srv, err := c.sendDeciding(k, c.req, nil)
 	if err != nil {
 		return c.upstreamError(id, srv, err)
 	}
-	c.answer(id, line)
+	if c.answer(id, line) == outcomeOK {
+		c.alignDelete(z, k)
+	}
 	return nil
 }
 
@@ -76,9 +83,8 @@ func (c *conn) touch(w [][]byte) error {
 		return nil
 	}
 	k := string(up)
-	srv := c.up.servers[c.serverFor(k)]
 	c.req = appendKeyCommand(c.req[:0], "touch ", k, strconv.AppendInt(c.scratch[:0], int64(exptime), 10))
-	line, err := c.send(srv, c.req, nil)
+	line, srv, err := c.sendEvery(k, c.req, nil)
 	if err != nil {
 		return c.upstreamError(cmdTouch, srv, err)
 	}
@@ -108,9 +114,8 @@ func (c *conn) delete(w [][]byte) error {
 		return nil
 	}
 	k := string(up)
-	srv := c.up.servers[c.serverFor(k)]
 	c.req = appendKeyCommand(c.req[:0], "delete ", k, nil)
-	line, err := c.send(srv, c.req, nil)
+	line, srv, err := c.sendEvery(k, c.req, nil)
 	if err != nil {
 		return c.upstreamError(cmdDelete, srv, err)
 	}
@@ -135,21 +140,45 @@ func (c *conn) flushAll(w [][]byte) error {
 		}
 		withDelay = true
 	}
-	errs := make([]error, len(c.up.servers))
+	// Every server of every zone at once (of the local zone only with
+	// --zone-writes=local). OK when every server of the local zone said
+	// so, or, when one of those failed, every server of another zone.
+	zones := c.p.zones
+	if c.p.cfg.ZoneWrites == zoneWritesLocal {
+		zones = zones[:1]
+	}
+	servers := make([][]*server, len(zones))
+	errs := make([][]error, len(zones))
 	var wg sync.WaitGroup
-	for i, s := range c.up.servers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			start := time.Now()
-			errs[i] = s.raw.flushAll(delay, withDelay)
-			s.up.observe(start, errs[i])
-		}()
+	for z, zone := range zones {
+		servers[z] = zone.up.Load().servers
+		errs[z] = make([]error, len(servers[z]))
+		for i, s := range servers[z] {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				start := time.Now()
+				errs[z][i] = s.raw.flushAll(delay, withDelay)
+				s.up.observe(start, errs[z][i])
+			}()
+		}
 	}
 	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			return c.upstreamError(cmdFlushAll, c.up.servers[i], err)
+	answer := -1
+	for z := range zones {
+		failed := slices.ContainsFunc(errs[z], func(err error) bool { return err != nil })
+		if failed && c.zs != nil {
+			zones[z].writeFailures.Add(1)
+		}
+		if !failed && answer < 0 {
+			answer = z
+		}
+	}
+	if answer < 0 {
+		for i, err := range errs[0] {
+			if err != nil {
+				return c.upstreamError(cmdFlushAll, servers[0][i], err)
+			}
 		}
 	}
 	c.p.stats.record(cmdFlushAll, outcomeOK)

@@ -21,8 +21,11 @@ type getCall struct {
 	// none; it stays unchanged until the call is done), and the line
 	// memcached answered.
 	req, data, reply []byte
-	err              error
-	done             chan signal
+	// replies is how many reply lines req asks for, when it holds more
+	// than one command (fills); 0 is one.
+	replies int
+	err     error
+	done    chan signal
 	// queued is when the call began to wait in line, if it did.
 	queued time.Time
 
@@ -36,6 +39,7 @@ type item struct {
 	hit    bool
 	flags  uint32
 	cas    uint64
+	ttl    int32 // seconds left to live (-1: forever); meta retrievals only
 	off, n int
 }
 
@@ -55,7 +59,7 @@ func newGetCall() *getCall { return &getCall{done: make(chan signal, 1)} }
 
 // reset empties the call for the next request.
 func (c *getCall) reset() {
-	c.req, c.data = nil, nil
+	c.req, c.data, c.replies = nil, nil, 0
 	c.keys = c.keys[:0]
 	c.items = c.items[:0]
 	if cap(c.arena) > arenaKeep {

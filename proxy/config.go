@@ -15,8 +15,19 @@ import (
 
 // Config is everything the proxy needs to listen and reach its upstreams.
 type Config struct {
-	Listen           string
-	Upstreams        []string
+	Listen    string
+	Upstreams []string
+	// Zone is the availability zone this sidecar serves, and
+	// ZoneUpstreams the servers of every zone, each "NAME=ENTRY[,ENTRY…]"
+	// with entries as in Upstreams; they are given instead of Upstreams.
+	// See zones.go.
+	Zone          string
+	ZoneUpstreams []string
+	// ZoneWrites is zoneWritesAll (writes go to every zone; "" too) or
+	// zoneWritesLocal; ZoneFill stores a hit found in another zone into
+	// the local one.
+	ZoneWrites       string
+	ZoneFill         bool
 	Selector         string
 	Timeout          time.Duration
 	ConnectTimeout   time.Duration
@@ -86,6 +97,10 @@ const (
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:11311", "memcached-protocol address to serve: host:port or unix:/path")
 	fs.StringSliceVar(&c.Upstreams, "upstream", []string{"127.0.0.1:11211"}, "memcached servers, repeatable or comma-separated: host:port, unix:/path, dns+host:port (every A/AAAA record), dnssrv+_service._proto.name (SRV targets' addresses) or dnssrvnoa+_service._proto.name (SRV targets as named)")
+	fs.StringVar(&c.Zone, "zone", "", "the availability zone this sidecar serves, one of the --upstream-zone names: reads go to its servers first, then to the other zones in the order given")
+	fs.StringArrayVar(&c.ZoneUpstreams, "upstream-zone", nil, "NAME=ENTRY[,ENTRY…], repeatable: the memcached servers of one zone, entries as in --upstream; given instead of --upstream, with --zone")
+	fs.StringVar(&c.ZoneWrites, "zone-writes", zoneWritesAll, "with zones: all (storage commands, delete, touch and flush_all reach every zone; the local zone's reply answers) or local (writes reach the local zone only)")
+	fs.BoolVar(&c.ZoneFill, "zone-fill", true, "with zones: store a hit found in another zone into the local zone, with its remaining time to live (an add: a newer local value is kept)")
 	fs.StringVar(&c.Selector, "upstream-selector", selectJump, "server selection: jump (dskit's jump hash over xxhash64, as Mimir and Thanos clients pick) or ketama (libmemcached/twemproxy continuum, MD5)")
 	fs.DurationVar(&c.Timeout, "upstream-timeout", 200*time.Millisecond, "read/write timeout of one upstream request")
 	fs.DurationVar(&c.ConnectTimeout, "upstream-connect-timeout", 100*time.Millisecond, "timeout to connect to an upstream server")
@@ -118,13 +133,9 @@ func (c *Config) Validate() error {
 	if c.Listen == "" {
 		return errors.New("--listen is empty")
 	}
-	if len(c.Upstreams) == 0 {
-		return errors.New("--upstream names no server")
-	}
-	for _, u := range c.Upstreams {
-		if _, err := parseEntry(u); err != nil {
-			return err
-		}
+	zones, err := c.zoneSpecs()
+	if err != nil {
+		return err
 	}
 	if _, err := newSelector(c.Selector, nil); err != nil {
 		return fmt.Errorf("--upstream-selector: %w", err)
@@ -146,6 +157,8 @@ func (c *Config) Validate() error {
 		return errors.New("--upstream-retry-interval must be positive")
 	case c.DNSInterval <= 0 && c.discovers():
 		return errors.New("--upstream-dns-interval must be positive")
+	case c.ZoneWrites != "" && c.ZoneWrites != zoneWritesAll && c.ZoneWrites != zoneWritesLocal:
+		return fmt.Errorf("--zone-writes must be %s or %s", zoneWritesAll, zoneWritesLocal)
 	case c.RetrievalFailure != failureMiss && c.RetrievalFailure != failureError:
 		return fmt.Errorf("--upstream-retrieval-failure must be %s or %s", failureMiss, failureError)
 	case c.MaxItemSize < 1 || c.MaxItemSize > 1<<30:
@@ -172,9 +185,11 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if t := c.UpstreamTLS; t.Enabled && t.ServerName == "" && !t.InsecureSkipVerify {
-		for _, u := range c.Upstreams {
-			if _, unix := cutUnix(u); unix {
-				return fmt.Errorf("--upstream %s: a unix socket has no host name to check a TLS certificate against: set --upstream-tls-server-name", u)
+		for _, z := range zones {
+			for _, u := range z.entries {
+				if _, unix := cutUnix(u); unix {
+					return fmt.Errorf("--upstream %s: a unix socket has no host name to check a TLS certificate against: set --upstream-tls-server-name", u)
+				}
 			}
 		}
 	}

@@ -38,15 +38,25 @@ type conn struct {
 	busy      atomic.Bool // handling a request, not waiting for one
 	wakeMu    sync.Mutex  // orders wakeIfIdle against markBusy
 
-	up      *upstreams // the server set of the command being handled
-	calls   []*getCall // one per server of up
-	cmd     *getCall   // a command's call, on whichever server
-	req     []byte     // a command's line, as sent upstream
-	keys    []string
-	owners  []keyOwner
-	seen    map[string]keyOwner // keys already grouped in this request
-	used    []bool
-	scratch []byte
+	up    *upstreams // the local zone's set for the command being handled
+	calls []*getCall // one per server of up
+	cmd   *getCall   // a command's call, on whichever server
+	// zs is every zone's set and calls, the local zone's first (the same
+	// as up and calls); nil without zones.
+	zs []zoneCalls
+	// asked is how many zones the last retrieval asked, the local one
+	// included: the calls of the others are left from earlier ones.
+	asked int
+	// changed reports that the last read-modify-write stored its value.
+	changed  bool
+	fillBuf  []byte // the fills of a read, before they are grouped
+	alignReq []byte // the set or delete that brings other zones in line
+	req      []byte // a command's line, as sent upstream
+	keys     []string
+	owners   []keyOwner
+	seen     map[string]keyOwner // keys already grouped in this request
+	used     []bool
+	scratch  []byte
 
 	// Values of enveloped items: the envelope being written, the value
 	// decoded, a value being rebuilt (append, incr…), an item read for
@@ -61,6 +71,7 @@ type conn struct {
 // rewritten key, whose item must be an envelope bound to the client key.
 type keyOwner struct {
 	srv, pos int32
+	zone     int32 // the zone of srv: 0, the local one, unless zones answered
 	bound    bool
 	tenant   *tenantCounters // nil: not counted per tenant
 }
@@ -409,14 +420,7 @@ func (c *conn) writeValue(key string, flags uint32, cas uint64, value []byte, wi
 // and returns the line memcached answered it with. data is the command's
 // data block, or nil.
 func (c *conn) send(srv *server, req, data []byte) ([]byte, error) {
-	call := c.cmd
-	call.reset()
-	call.req, call.data = req, data
-	srv.pipe.get(call)
-	if call.err == nil && isServerError(call.reply) {
-		srv.up.serverError()
-	}
-	return call.reply, call.err
+	return sendOn(c.cmd, srv, req, data)
 }
 
 // answer relays memcached's reply line to a command, counted by its

@@ -77,9 +77,12 @@ func parseEntry(s string) (entry, error) {
 
 // discovers reports whether any upstream entry is looked up in DNS.
 func (c *Config) discovers() bool {
-	for _, s := range c.Upstreams {
-		if e, err := parseEntry(s); err == nil && e.kind != entryStatic {
-			return true
+	zones, _ := c.zoneSpecs()
+	for _, z := range zones {
+		for _, s := range z.entries {
+			if e, err := parseEntry(s); err == nil && e.kind != entryStatic {
+				return true
+			}
 		}
 	}
 	return false
@@ -154,8 +157,8 @@ type upstreams struct {
 	sel     selector
 }
 
-// upstreams returns the current server set.
-func (p *Proxy) upstreams() *upstreams { return p.up.Load() }
+// upstreams returns the current server set of the local zone.
+func (p *Proxy) upstreams() *upstreams { return p.zones[0].up.Load() }
 
 // newUpstreams builds the set of servers named, keeping those of old that
 // are still named, with their pools and health. It returns the servers of
@@ -257,10 +260,11 @@ func (p *Proxy) stopDiscovery() {
 	}
 }
 
-// discover looks the entries up every interval and swaps in the new set
-// when it differs. A lookup that fails or finds nothing keeps the last
-// set; that is logged once when it starts and once when it ends. Client
-// connections are not touched: each takes the new set at its next command.
+// discover looks the entries of every zone up every interval and swaps in
+// a zone's new set when it differs. A lookup that fails or finds nothing
+// keeps the zone's last set; that is logged once when it starts and once
+// when it ends. Client connections are not touched: each takes the new
+// set at its next command.
 //
 // A removed server is closed at the next tick, not at once: requests that
 // took the old set may still be using it, and an interval is long enough
@@ -270,7 +274,7 @@ func (p *Proxy) discover(ctx context.Context) {
 	defer t.Stop()
 	var retired []*server
 	defer func() { p.retire(retired) }()
-	failing := false
+	failing := make([]bool, len(p.zones))
 	for {
 		select {
 		case <-ctx.Done():
@@ -279,50 +283,68 @@ func (p *Proxy) discover(ctx context.Context) {
 		}
 		p.retire(retired)
 		retired = nil
-		lctx, cancel := context.WithTimeout(ctx, min(p.cfg.DNSInterval, lookupTimeout))
-		names, err := resolve(lctx, p.resolver(), p.cfg.Upstreams)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		old := p.upstreams()
-		var u *upstreams
-		var removed []*server
-		if err == nil && !slices.Equal(orderServers(names), old.names) {
-			// A server named by a host its client cannot resolve fails
-			// here, like a failed lookup.
-			u, removed, err = p.newUpstreams(names, old)
-		}
-		if err != nil {
-			if !failing {
-				p.log.Warn("upstream lookup failed; keeping the last servers", "err", err, "servers", old.names)
+		for i, z := range p.zones {
+			removed, ok := p.rediscover(ctx, z, failing[i])
+			if ctx.Err() != nil {
+				return
 			}
-			failing = true
-			continue
+			failing[i] = !ok
+			retired = append(retired, removed...)
 		}
-		if failing {
-			p.log.Info("upstream lookup works again")
-			failing = false
-		}
-		if u == nil {
-			continue
-		}
-		p.up.Store(u)
-		retired = removed
-		p.log.Info("upstream servers changed", "servers", u.names, "removed", len(removed))
 	}
 }
 
+// rediscover looks zone z's entries up once and swaps in its new set when
+// it differs. It returns the servers removed, and whether the lookup
+// worked; failing says it did not last time.
+func (p *Proxy) rediscover(ctx context.Context, z *zone, failing bool) ([]*server, bool) {
+	lctx, cancel := context.WithTimeout(ctx, min(p.cfg.DNSInterval, lookupTimeout))
+	names, err := resolve(lctx, p.resolver(), z.entries)
+	cancel()
+	if ctx.Err() != nil {
+		return nil, false
+	}
+	old := z.up.Load()
+	var u *upstreams
+	var removed []*server
+	if err == nil && !slices.Equal(orderServers(names), old.names) {
+		// A server named by a host its client cannot resolve fails
+		// here, like a failed lookup.
+		u, removed, err = p.newUpstreams(names, old)
+	}
+	log := p.log
+	if z.name != "" {
+		log = log.With("zone", z.name)
+	}
+	if err != nil {
+		if !failing {
+			log.Warn("upstream lookup failed; keeping the last servers", "err", err, "servers", old.names)
+		}
+		return nil, false
+	}
+	if failing {
+		log.Info("upstream lookup works again")
+	}
+	if u != nil {
+		z.up.Store(u)
+		log.Info("upstream servers changed", "servers", u.names, "removed", len(removed))
+	}
+	return removed, true
+}
+
 // retire closes servers that discovery removed, and drops the request
-// time series of each that the current set does not name: the other
-// per-server families export only the current set, and with DNS names
+// time series of each that no zone's current set names: the other
+// per-server families export only the current sets, and with DNS names
 // that change as pods move, series of servers long gone would pile up. A
 // server named again later starts a new series.
 func (p *Proxy) retire(servers []*server) {
-	current := p.upstreams().names
+	if len(servers) == 0 {
+		return
+	}
+	current := p.allServers()
 	for _, s := range servers {
 		s.close()
-		if !slices.Contains(current, s.name) {
+		if !slices.ContainsFunc(current, func(c *server) bool { return c.name == s.name }) {
 			p.stats.upstreamLatency.DeleteLabelValues(s.name)
 		}
 	}
@@ -336,16 +358,37 @@ func (p *Proxy) resolver() Resolver {
 	return net.DefaultResolver
 }
 
-// useUpstreams takes the current server set for the command about to run,
-// and sizes the connection's per-server calls to it.
+// useUpstreams takes the current server sets for the command about to run,
+// and sizes the connection's per-server calls to them.
 func (c *conn) useUpstreams() {
 	up := c.p.upstreams()
-	if up == c.up {
+	if up != c.up {
+		c.up = up
+		c.calls = sizeCalls(c.calls, len(up.servers))
+	}
+	if len(c.p.zones) == 1 {
 		return
 	}
-	c.up = up
-	for len(c.calls) < len(up.servers) {
-		c.calls = append(c.calls, newGetCall())
+	if c.zs == nil {
+		c.zs = make([]zoneCalls, len(c.p.zones))
+		for i := range c.zs {
+			c.zs[i].cmd = newGetCall()
+		}
 	}
-	c.calls = c.calls[:len(up.servers)]
+	c.zs[0].up, c.zs[0].calls, c.zs[0].cmd = c.up, c.calls, c.cmd
+	for i, z := range c.p.zones[1:] {
+		zc := &c.zs[i+1]
+		if up := z.up.Load(); up != zc.up {
+			zc.up = up
+			zc.calls = sizeCalls(zc.calls, len(up.servers))
+		}
+	}
+}
+
+// sizeCalls returns calls with one call per server of n.
+func sizeCalls(calls []*getCall, n int) []*getCall {
+	for len(calls) < n {
+		calls = append(calls, newGetCall())
+	}
+	return calls[:n]
 }

@@ -72,14 +72,14 @@ func (c *conn) countStored(logical, stored int) {
 // until the next open. A refused envelope is counted by its reason, deleted
 // upstream when it is damaged and --codec-delete-corrupt asks for it, and
 // reported as not ok: the client sees a miss.
-func (c *conn) open(key []byte, k string, bind bool, storedFlags uint32, stored []byte) ([]byte, uint32, bool) {
+func (c *conn) open(srv *server, key []byte, k string, bind bool, storedFlags uint32, stored []byte) ([]byte, uint32, bool) {
 	v, flags, err := c.p.codec.AppendDecode(c.dec[:0], key, bind, storedFlags, stored)
 	if err != nil {
 		r := codec.ReasonOf(err)
 		c.p.stats.codecRefused[r&15].Add(1)
 		if r.Damaged() && c.p.cfg.Codec.DeleteCorrupt {
 			c.req = appendKeyCommand(c.req[:0], "delete ", k, nil)
-			if line, err := c.send(c.up.servers[c.serverFor(k)], c.req, nil); err == nil && bytes.Equal(line, replyDeleted) {
+			if line, err := c.send(srv, c.req, nil); err == nil && bytes.Equal(line, replyDeleted) {
 				c.p.stats.codecDeleted.Add(1)
 			}
 		}
@@ -113,7 +113,7 @@ func (c *conn) readForUpdate(srv *server, k string, key []byte, bind bool) (valu
 		// as one written before the codec was on.
 		return c.raw, it, true, nil
 	}
-	value, it.flags, found = c.open(key, k, bind, it.flags, c.raw)
+	value, it.flags, found = c.open(srv, key, k, bind, it.flags, c.raw)
 	return value, it, found, nil
 }
 
@@ -202,6 +202,7 @@ func (c *conn) arithmeticEnveloped(id int, srv *server, k string, key []byte, bi
 // returns false to try again.
 func (c *conn) readModifyWrite(id int, srv *server, k string, key []byte, bind bool, missing []byte, missingOutcome outcome,
 	change func(old []byte) (bool, error), stored func(notStored bool) bool) error {
+	c.changed = false
 	for attempt := range rmwAttempts {
 		backoff(attempt)
 		old, it, found, err := c.readForUpdate(srv, k, key, bind)
@@ -221,6 +222,7 @@ func (c *conn) readModifyWrite(id int, srv *server, k string, key []byte, bind b
 			return c.upstreamError(id, srv, err)
 		}
 		if !conflict && stored(notStored) {
+			c.changed = !notStored
 			return nil
 		}
 	}

@@ -374,7 +374,7 @@ func TestEnvelopingReusesConnectionBuffers(t *testing.T) {
 	value := []byte(strings.Repeat("series 12345 ", 80))
 	roundTrip := func() {
 		stored, flags := c.encode(key, false, 3, value)
-		got, f, ok := c.open(key, k, false, flags, stored)
+		got, f, ok := c.open(nil, key, k, false, flags, stored)
 		if !ok || f != 3 || string(got) != string(value) {
 			t.Fatalf("round trip: ok %v, flags %d", ok, f)
 		}

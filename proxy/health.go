@@ -147,8 +147,8 @@ func describeHealth(ch chan<- *prometheus.Desc) {
 	ch <- ejectionsDesc
 }
 
-func (p *Proxy) collectHealth(ch chan<- prometheus.Metric, up *upstreams) {
-	for _, s := range up.servers {
+func (p *Proxy) collectHealth(ch chan<- prometheus.Metric, servers []*server) {
+	for _, s := range servers {
 		up := 1.0
 		if s.health.down.Load() {
 			up = 0

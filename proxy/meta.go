@@ -117,6 +117,22 @@ func parseMetaValue(line []byte) (size int, it metaItem, err error) {
 	return int(n), it, nil
 }
 
+// exptimeOf is the exptime that gives an item ttl seconds left to live
+// (-1: forever), as memcached reads exptimes: a relative one only up to 30
+// days, a Unix time beyond.
+func exptimeOf(ttl int32) int64 {
+	t := int64(ttl)
+	switch {
+	case t < 0:
+		return 0 // never expires
+	case t == 0:
+		return 1
+	case t > maxRelativeTTL:
+		return t + time.Now().Unix()
+	}
+	return t
+}
+
 // parseDecimal parses a non-empty run of decimal digits no larger than max.
 func parseDecimal(b []byte, max uint64) (uint64, bool) {
 	if len(b) == 0 {
@@ -143,15 +159,7 @@ func parseDecimal(b []byte, max uint64) (uint64, bool) {
 // other requests on this pool it is never sent twice: when a reply is lost
 // the write may have happened, and joining twice would corrupt the value.
 func (p *rawPool) storeIfUnchanged(key string, it metaItem, value []byte) (conflict, notStored bool, err error) {
-	ttl := int64(it.ttl)
-	switch {
-	case ttl < 0:
-		ttl = 0 // never expires
-	case ttl == 0:
-		ttl = 1
-	case ttl > maxRelativeTTL:
-		ttl += time.Now().Unix()
-	}
+	ttl := exptimeOf(it.ttl)
 	// Not through do, which may send twice: once, under the server's
 	// health all the same.
 	err = p.guard(func() error {

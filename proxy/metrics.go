@@ -38,6 +38,10 @@ type collector struct {
 	rewrites    *prometheus.Desc
 	rejected    *prometheus.Desc
 	unbound     *prometheus.Desc
+	zoneReads   *prometheus.Desc
+	zoneBytes   *prometheus.Desc
+	zoneFills   *prometheus.Desc
+	zoneWrites  *prometheus.Desc
 	tenants     tenantDescs
 }
 
@@ -68,6 +72,10 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 		rewrites:    prometheus.NewDesc(ns+"_key_rewrites_total", "Client keys rewritten for upstream, by scheme and by the step the rewrite ended at.", []string{"scheme", "step"}, nil),
 		rejected:    prometheus.NewDesc(ns+"_key_rejected_total", "Client keys refused with CLIENT_ERROR, by reason.", []string{"reason"}, nil),
 		unbound:     prometheus.NewDesc(ns+"_key_unbound_items_total", "Items read under a rewritten key that were not an envelope (another client's value at an equal key), served as a miss.", nil, nil),
+		zoneReads:   prometheus.NewDesc(ns+"_zone_reads_total", "Keys of retrievals asked of each zone, by result: hit, miss or error (its server failed or is ejected). A key asked of the local zone (local=\"true\") that it does not answer is asked of the next zone.", []string{"zone", "local", "result"}, nil),
+		zoneBytes:   prometheus.NewDesc(ns+"_zone_read_bytes_total", "Bytes of the values of hits read from each zone, as memcached holds them; the share from zones with local=\"false\" crossed a zone boundary.", []string{"zone", "local"}, nil),
+		zoneFills:   prometheus.NewDesc(ns+"_zone_fills_total", "Hits from another zone stored into the local zone (--zone-fill), by result: stored, not_stored (the local zone already had the key) or failed.", []string{"result"}, nil),
+		zoneWrites:  prometheus.NewDesc(ns+"_zone_write_failures_total", "Writes (storage commands, delete, touch, flush_all, and the sets and deletes that bring other zones in line) that failed in a zone, by zone.", []string{"zone"}, nil),
 		tenants:     newTenantDescs(ns),
 	})
 }
@@ -75,7 +83,7 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 func (m *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.requests, m.connections, m.accepted, m.refusedConn, m.idleClosed, m.bytesIn, m.bytesOut, m.keys,
 		m.upRequests, m.upErrors, m.upServers, m.upGets, m.upGetKeys, m.refused, m.deleted, m.logical, m.stored,
-		m.readLogical, m.readStored, m.rewrites, m.rejected, m.unbound} {
+		m.readLogical, m.readStored, m.rewrites, m.rejected, m.unbound, m.zoneReads, m.zoneBytes, m.zoneFills, m.zoneWrites} {
 		ch <- d
 	}
 	describeHealth(ch)
@@ -89,8 +97,8 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
-	up := m.p.upstreams()
-	m.p.collectHealth(ch, up)
+	servers := m.p.allServers()
+	m.p.collectHealth(ch, servers)
 	for id := range numCommands {
 		for oc := range numOutcomes {
 			counter(m.requests, s.requests[id][oc].Load(), commands[id].name, outcomeNames[oc])
@@ -104,13 +112,13 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(m.bytesOut, s.bytesWritten.Load())
 	counter(m.keys, s.getHits.Load()+s.touchHits.Load(), "hit")
 	counter(m.keys, s.getMisses.Load()+s.touchMisses.Load(), "miss")
-	for _, srv := range up.servers {
+	for _, srv := range servers {
 		counter(m.upRequests, srv.up.requests.Load(), srv.name)
 		for k := kindNone + 1; k < numKinds; k++ {
 			counter(m.upErrors, srv.up.errors[k].Load(), srv.name, kindNames[k])
 		}
 	}
-	ch <- prometheus.MustNewConstMetric(m.upServers, prometheus.GaugeValue, float64(len(up.servers)))
+	ch <- prometheus.MustNewConstMetric(m.upServers, prometheus.GaugeValue, float64(len(servers)))
 	counter(m.upGets, s.upstreamGets.Load())
 	counter(m.upGetKeys, s.upstreamGetKeys.Load())
 	for _, r := range codec.Reasons() {
@@ -131,6 +139,22 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 			counter(m.rejected, s.keyRejected[r&7].Load(), r.String())
 		}
 		counter(m.unbound, s.keyUnbound.Load())
+	}
+	if m.p.zoned() {
+		for i, z := range m.p.zones {
+			local := "false"
+			if i == 0 {
+				local = "true"
+			}
+			for r := range numZoneResults {
+				counter(m.zoneReads, z.reads[r].Load(), z.name, local, zoneResultNames[r])
+			}
+			counter(m.zoneBytes, z.readBytes.Load(), z.name, local)
+			counter(m.zoneWrites, z.writeFailures.Load(), z.name)
+		}
+		for r := range numFillResults {
+			counter(m.zoneFills, m.p.fills[r].Load(), fillResultNames[r])
+		}
 	}
 	m.tenants.collect(ch, m.p.tenants)
 	s.requestLatency.Collect(ch)

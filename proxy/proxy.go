@@ -29,8 +29,10 @@ type Proxy struct {
 	cfg     Config
 	version string
 	log     *slog.Logger
-	// up is the current server set; discovery swaps it when DNS changes.
-	up        atomic.Pointer[upstreams]
+	// zones holds the server sets, the local zone's first: one without
+	// zones. Discovery swaps a zone's set when DNS changes.
+	zones     []*zone
+	fills     [numFillResults]atomic.Uint64
 	discovery *discovery // nil: every upstream entry is static
 	stats     *stats
 	tenants   *tenantTable       // nil: no per-tenant view
@@ -99,18 +101,31 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 			p.tenants = newTenantTable(cfg.MetricsTenants)
 		}
 	}
-	// The first lookup must succeed: there is no last good set to keep.
-	ctx, cancel := context.WithTimeout(context.Background(), lookupTimeout)
-	names, err := resolve(ctx, p.resolver(), cfg.Upstreams)
-	cancel()
+	specs, err := cfg.zoneSpecs()
 	if err != nil {
 		return nil, err
 	}
-	up, _, err := p.newUpstreams(names, nil)
-	if err != nil {
-		return nil, err
+	for _, spec := range specs {
+		// The first lookup must succeed: there is no last good set to
+		// keep.
+		ctx, cancel := context.WithTimeout(context.Background(), lookupTimeout)
+		names, err := resolve(ctx, p.resolver(), spec.entries)
+		cancel()
+		var up *upstreams
+		if err == nil {
+			up, _, err = p.newUpstreams(names, nil)
+		}
+		if err != nil {
+			p.closeServers()
+			if spec.name != "" {
+				err = fmt.Errorf("zone %s: %w", spec.name, err)
+			}
+			return nil, err
+		}
+		z := &zone{zoneSpec: spec}
+		z.up.Store(up)
+		p.zones = append(p.zones, z)
 	}
-	p.up.Store(up)
 	p.startDiscovery()
 	return p, nil
 }
@@ -259,16 +274,16 @@ func (p *Proxy) wakeIdle() {
 
 func (p *Proxy) closeServers() {
 	p.stopDiscovery()
-	for _, s := range p.upstreams().servers {
+	for _, s := range p.allServers() {
 		s.close()
 	}
 }
 
-// Ready reports whether at least one upstream server answers. The servers
-// are asked at once; the first answer decides. An ejected server is not
-// asked: it counts as not answering.
+// Ready reports whether at least one upstream server, of any zone,
+// answers. The servers are asked at once; the first answer decides. An
+// ejected server is not asked: it counts as not answering.
 func (p *Proxy) Ready(ctx context.Context) error {
-	servers := p.upstreams().servers
+	servers := p.allServers()
 	results := make(chan error, len(servers))
 	for _, s := range servers {
 		go func() { results <- s.raw.ping() }()

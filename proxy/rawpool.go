@@ -240,6 +240,10 @@ func (p *rawPool) close() {
 type retrieval struct {
 	touch   bool  // gat or gats
 	exptime int32 // the new expiration time, with touch
+	// meta asks with one mg per key, which also returns each hit's time
+	// to live: for a read from another zone, whose hits are filled into
+	// the local one.
+	meta bool
 }
 
 // lineMax is the longest non-get line memcached reads in pieces: with more
@@ -287,16 +291,22 @@ func (p *rawPool) exchange(r retrieval, batch []*getCall) error {
 		}
 		for i := 0; i < len(batch); {
 			if call := batch[i]; call.req != nil {
-				line, err := c.rw.ReadSlice('\n')
-				if err != nil {
-					return err
+				for range max(call.replies, 1) {
+					line, err := c.rw.ReadSlice('\n')
+					if err != nil {
+						return err
+					}
+					call.reply = append(call.reply, line...)
 				}
-				call.reply = append(call.reply, line...)
 				i++
 				continue
 			}
 			j := gets(batch, i)
-			if err := readRetrievals(c.rw.Reader, lines[0], batch[i:j]); err != nil {
+			read := readRetrievals
+			if r.meta {
+				read = readMetaRetrievals
+			}
+			if err := read(c.rw.Reader, lines[0], batch[i:j]); err != nil {
 				return err
 			}
 			lines = lines[1:]
@@ -353,10 +363,40 @@ func readRetrievals(br *bufio.Reader, lines int, calls []*getCall) error {
 	return nil
 }
 
+// readMetaRetrievals reads the replies to one mg per key of calls (lines
+// of them): "VA <size> <flags>" and the value for a hit, EN for a miss.
+func readMetaRetrievals(br *bufio.Reader, lines int, calls []*getCall) error {
+	for _, call := range calls {
+		for i := range call.keys {
+			line, err := br.ReadSlice('\n')
+			if err != nil {
+				return err
+			}
+			if bytes.Equal(line, metaMiss) {
+				continue
+			}
+			size, it, err := parseMetaValue(line)
+			if err != nil {
+				return err
+			}
+			off := len(call.arena)
+			call.arena = slices.Grow(call.arena, size)[:off+size]
+			call.items[i] = item{hit: true, flags: it.flags, cas: it.cas, ttl: it.ttl, off: off, n: size}
+			if err := readValue(br, call.arena[off:]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // appendRetrievals appends the request lines for the keys of calls and
 // says how many lines it wrote. A gets line may be as long as it needs;
-// gats lines are split at lineMax.
+// gats lines are split at lineMax; meta retrievals are one mg per key.
 func appendRetrievals(dst []byte, r retrieval, calls []*getCall) ([]byte, int) {
+	if r.meta {
+		return appendMetaRetrievals(dst, r, calls)
+	}
 	lines, start := 0, 0 // start: where the current line begins in dst
 	for _, call := range calls {
 		for _, k := range call.keys {
@@ -379,6 +419,26 @@ func appendRetrievals(dst []byte, r retrieval, calls []*getCall) ([]byte, int) {
 	}
 	if lines > 0 {
 		dst = append(dst, crlf...)
+	}
+	return dst, lines
+}
+
+// appendMetaRetrievals appends "mg <key> v f t c" for every key of calls,
+// with the new time to live for a touch.
+func appendMetaRetrievals(dst []byte, r retrieval, calls []*getCall) ([]byte, int) {
+	lines := 0
+	for _, call := range calls {
+		for _, k := range call.keys {
+			dst = append(dst, "mg "...)
+			dst = append(dst, k...)
+			dst = append(dst, " v f t c"...)
+			if r.touch {
+				dst = append(dst, " T"...)
+				dst = strconv.AppendInt(dst, int64(r.exptime), 10)
+			}
+			dst = append(dst, crlf...)
+			lines++
+		}
 	}
 	return dst, lines
 }

@@ -15,7 +15,10 @@ func (c *conn) retrieve(keys [][]byte, withCAS bool) error {
 	}
 	used := c.groupKeys(keys)
 	c.fetchGroups(used)
-	return c.answerRetrieval(id, withCAS)
+	c.askOtherZones(retrieval{})
+	err := c.answerRetrieval(id, withCAS)
+	c.fillLocal(retrieval{})
+	return err
 }
 
 // fetchGroups sends each used server's share of keys to its coalescer:
@@ -69,11 +72,16 @@ func (c *conn) getAndTouch(words [][]byte, withCAS bool) error {
 		if !c.validKey(k) {
 			// memcached touches the keys before the one it refuses.
 			c.fetchAndTouch(r, keys[:i])
+			c.askOtherZones(r)
+			c.fillLocal(r)
 			return c.clientError(id, replyBadFormat)
 		}
 	}
 	c.fetchAndTouch(r, keys)
-	return c.answerRetrieval(id, withCAS)
+	c.askOtherZones(r)
+	err := c.answerRetrieval(id, withCAS)
+	c.fillLocal(r)
+	return err
 }
 
 // fetchAndTouch sends each server's share of keys as one gats request,
@@ -179,8 +187,12 @@ func (c *conn) usedServers() []bool {
 func (c *conn) answerRetrieval(id int, withCAS bool) error {
 	st := c.p.stats
 	oc := outcomeOK
-	for _, call := range c.calls {
-		if call.err != nil && len(call.keys) > 0 {
+	// A key whose last zone asked failed was not answered.
+	for _, o := range c.owners {
+		if o.srv < 0 {
+			continue
+		}
+		if call := c.call(o); call.err != nil {
 			oc = outcomeUpstreamError
 			if c.p.cfg.RetrievalFailure == failureError {
 				st.record(id, oc)
@@ -194,7 +206,7 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 	for i, o := range c.owners {
 		hit := false
 		if o.srv >= 0 {
-			call := c.calls[o.srv]
+			call := c.call(o)
 			if call.err == nil && call.items[o.pos].hit {
 				it := &call.items[o.pos]
 				value, flags, ok := call.value(int(o.pos)), it.flags, true
@@ -207,7 +219,7 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 					ok = false
 				case o.bound || c.p.codec != nil && c.p.codec.IsEnveloped(flags):
 					c.keyBuf = append(c.keyBuf[:0], c.keys[i]...)
-					value, flags, ok = c.open(c.keyBuf, call.keys[o.pos], o.bound, flags, value)
+					value, flags, ok = c.open(c.ownerServer(o), c.keyBuf, call.keys[o.pos], o.bound, flags, value)
 					stable = false
 				}
 				if ok {

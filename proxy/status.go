@@ -5,6 +5,10 @@ import "sync"
 // UpstreamStatus is one upstream server's state, for the status page.
 type UpstreamStatus struct {
 	Name string
+	// Zone is the server's zone, empty without zones; Local marks the
+	// zone this sidecar serves.
+	Zone  string
+	Local bool
 	// Err is nil when the server answered a version request just now.
 	Err error
 	// Ejected reports that the server is out after consecutive failures,
@@ -20,10 +24,17 @@ type UpstreamStatus struct {
 }
 
 // Upstreams asks every upstream server for its version, at once, and
-// returns their states in the selector's order. Each answer is bounded by
-// the upstream timeouts.
+// returns their states zone by zone, the local zone first, each in the
+// selector's order. Each answer is bounded by the upstream timeouts.
 func (p *Proxy) Upstreams() []UpstreamStatus {
-	servers := p.upstreams().servers
+	var servers []*server
+	var zoneOf []int
+	for i, z := range p.zones {
+		for _, s := range z.up.Load().servers {
+			servers = append(servers, s)
+			zoneOf = append(zoneOf, i)
+		}
+	}
 	out := make([]UpstreamStatus, len(servers))
 	var wg sync.WaitGroup
 	for i, s := range servers {
@@ -38,7 +49,7 @@ func (p *Proxy) Upstreams() []UpstreamStatus {
 					errs += s.up.errors[k].Load()
 				}
 			}
-			out[i] = UpstreamStatus{Name: s.name, Err: s.raw.ping(), Ejected: s.health.down.Load(), Failing: s.up.failing.Load(),
+			out[i] = UpstreamStatus{Name: s.name, Zone: p.zones[zoneOf[i]].name, Local: zoneOf[i] == 0, Err: s.raw.ping(), Ejected: s.health.down.Load(), Failing: s.up.failing.Load(),
 				Requests: s.up.requests.Load(), Errors: errs}
 		}()
 	}

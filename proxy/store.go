@@ -72,7 +72,12 @@ func (c *conn) store(id int, w [][]byte) error {
 	}
 	value, flags := data[:vlen], a.flags
 	if enveloped && join {
-		return c.joinEnveloped(id, c.up.servers[c.serverFor(k)], k, c.keyBuf, bound, value)
+		srv, z := c.decidingServer(k)
+		err := c.joinEnveloped(id, srv, k, c.keyBuf, bound, value)
+		if c.changed {
+			c.alignDelete(z, k)
+		}
+		return err
 	}
 	if enveloped {
 		value, flags = c.encode(c.keyBuf, bound, a.flags, value)
@@ -80,9 +85,15 @@ func (c *conn) store(id int, w [][]byte) error {
 			return c.tooLarge(id, k, 0)
 		}
 	}
-	srv := c.up.servers[c.serverFor(k)]
 	c.req = appendStorage(c.req[:0], storageVerbs[id], k, flags, a.exptime, len(value), a.cas, id == cmdCas)
-	line, err := c.send(srv, c.req, value)
+	var line []byte
+	var srv *server
+	z := 0 // the zone whose reply answers
+	if id == cmdSet {
+		line, srv, err = c.sendEvery(k, c.req, value)
+	} else {
+		line, z, srv, err = c.sendDeciding(k, c.req, value)
+	}
 	if err != nil {
 		return c.upstreamError(id, srv, err)
 	}
@@ -92,6 +103,13 @@ func (c *conn) store(id int, w [][]byte) error {
 		}
 		if tenant != nil {
 			tenant.written.Add(uint64(len(value)))
+		}
+		switch id {
+		case cmdAdd, cmdReplace, cmdCas:
+			c.alignReq = appendStorage(c.alignReq[:0], "set", k, flags, a.exptime, len(value), 0, false)
+			c.alignZones(z, k, c.alignReq, value)
+		case cmdAppend, cmdPrepend:
+			c.alignDelete(z, k)
 		}
 	}
 	return nil
@@ -130,7 +148,7 @@ func (c *conn) tooLarge(id int, k string, n int) error {
 		// memcached drops the old value rather than keep serving it
 		// after a set it could not store.
 		c.req = appendKeyCommand(c.req[:0], "delete ", k, nil)
-		c.send(c.up.servers[c.serverFor(k)], c.req, nil)
+		c.sendEvery(k, c.req, nil)
 	}
 	if n == 0 {
 		return nil

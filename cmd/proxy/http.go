@@ -57,13 +57,16 @@ func newHTTPHandler(p *proxy.Proxy, reg *prometheus.Registry) http.Handler {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/{$}", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		statusPage.Execute(w, statusData{Version: version, GoVersion: runtime.Version(), Upstreams: p.Upstreams()})
+		up := p.Upstreams()
+		zoned := len(up) > 0 && up[0].Zone != ""
+		statusPage.Execute(w, statusData{Version: version, GoVersion: runtime.Version(), Zoned: zoned, Upstreams: up})
 	})
 	return mux
 }
 
 type statusData struct {
 	Version, GoVersion string
+	Zoned              bool // the servers have zones: show them
 	Upstreams          []proxy.UpstreamStatus
 }
 
@@ -77,8 +80,8 @@ var statusPage = template.Must(template.New("status").Parse(`<!DOCTYPE html>
 <a href="/metrics">/metrics</a> · <a href="/healthz">/healthz</a> · <a href="/readyz">/readyz</a></p>
 <h2>Upstream servers</h2>
 <table>
-<tr><th>server</th><th>in use</th><th>answers now</th><th>last request</th><th>requests</th><th>failed</th></tr>
-{{range .Upstreams}}<tr><td>{{.Name}}</td><td>{{if .Ejected}}ejected{{else}}yes{{end}}</td><td>{{if .Err}}no: {{.Err}}{{else}}yes{{end}}</td><td>{{if .Failing}}failing{{else}}ok{{end}}</td><td>{{.Requests}}</td><td>{{.Errors}}</td></tr>
+<tr>{{if .Zoned}}<th>zone</th>{{end}}<th>server</th><th>in use</th><th>answers now</th><th>last request</th><th>requests</th><th>failed</th></tr>
+{{range .Upstreams}}<tr>{{if $.Zoned}}<td>{{.Zone}}{{if .Local}} (local){{end}}</td>{{end}}<td>{{.Name}}</td><td>{{if .Ejected}}ejected{{else}}yes{{end}}</td><td>{{if .Err}}no: {{.Err}}{{else}}yes{{end}}</td><td>{{if .Failing}}failing{{else}}ok{{end}}</td><td>{{.Requests}}</td><td>{{.Errors}}</td></tr>
 {{end}}</table>
 </body></html>
 `))

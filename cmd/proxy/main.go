@@ -50,6 +50,18 @@ func (c *config) registerFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.printVersion, "version", false, "print version and exit")
 }
 
+// parsed settles what depends on which flags were given: zones replace
+// --upstream, whose default then does not apply.
+func (c *config) parsed(fs *pflag.FlagSet) error {
+	if fs.Changed("upstream-zone") {
+		if fs.Changed("upstream") {
+			return errors.New("give --upstream or --upstream-zone, not both")
+		}
+		c.proxy.Upstreams = nil
+	}
+	return nil
+}
+
 func (c *config) validate() error {
 	if err := c.codec.Validate(); err != nil {
 		return err
@@ -111,6 +123,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout, "mcsidecar", version)
 		return nil
 	}
+	if err := cfg.parsed(fs); err != nil {
+		return err
+	}
 	if err := cfg.validate(); err != nil {
 		return err
 	}
@@ -148,7 +163,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		metricsSrv = &http.Server{Handler: newHTTPHandler(p, reg), ReadHeaderTimeout: 5 * time.Second}
 		go metricsSrv.Serve(mln)
 	}
-	log.Info("serving", "listen", ln.Addr().String(), "upstreams", cfg.proxy.Upstreams, "metrics", cfg.metricsListen, "version", version)
+	log.Info("serving", "listen", ln.Addr().String(), "upstreams", cfg.proxy.Upstreams, "zone", cfg.proxy.Zone, "zones", cfg.proxy.ZoneUpstreams, "metrics", cfg.metricsListen, "version", version)
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- p.Serve(ln) }()

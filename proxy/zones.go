@@ -1,0 +1,517 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// Zones keep a sidecar's reads inside its availability zone. Each zone is
+// a server set of its own, with its own discovery, selector and health; a
+// key's server within a zone is chosen as without zones. The local zone
+// comes first and the others follow in the order given, which is the
+// order a read falls through them:
+//
+//   - A read asks the local zone; its misses, and keys whose local server
+//     failed or is ejected, are asked of the next zone, in one request per
+//     server, and so on. The first hit answers, with the flags and CAS of
+//     the zone that had it. A hit from another zone is stored into the
+//     local zone (--zone-fill) with an add and its remaining time to live,
+//     so a newer local value is never overwritten.
+//   - With --zone-writes=all a write reaches every zone and the local
+//     zone's reply answers the client; when the local zone fails, the
+//     first zone that answered does, so the sidecar keeps taking writes.
+//     set, delete, touch and flush_all go to every zone at once. add,
+//     replace and cas depend on the item already there: the first zone
+//     that answers decides, and when it stored, the others get a set of
+//     the same value. append, prepend, incr and decr change the value in
+//     place: the deciding zone applies them, and when it did, the others
+//     drop their copy, to be filled again from a zone that has the new
+//     value. A copy can thus be missing in a zone, never older than the
+//     deciding zone's, except across a write that failed in a zone
+//     (counted in mcsidecar_zone_write_failures_total).
+const (
+	zoneWritesAll   = "all"
+	zoneWritesLocal = "local"
+)
+
+// zoneSpec is one zone as configured: its name and --upstream entries.
+type zoneSpec struct {
+	name    string
+	entries []string
+}
+
+// zoneSpecs returns the zones to serve, the local one first and the others
+// in the order given. Without zones it is one unnamed zone of Upstreams.
+func (c *Config) zoneSpecs() ([]zoneSpec, error) {
+	if len(c.ZoneUpstreams) == 0 {
+		if c.Zone != "" {
+			return nil, errors.New("--zone needs --upstream-zone: the servers of every zone")
+		}
+		if len(c.Upstreams) == 0 {
+			return nil, errors.New("--upstream names no server")
+		}
+		for _, u := range c.Upstreams {
+			if _, err := parseEntry(u); err != nil {
+				return nil, err
+			}
+		}
+		return []zoneSpec{{entries: c.Upstreams}}, nil
+	}
+	if len(c.Upstreams) > 0 {
+		return nil, errors.New("give --upstream or --upstream-zone, not both")
+	}
+	if c.Zone == "" {
+		return nil, errors.New("--upstream-zone needs --zone: the zone this sidecar serves")
+	}
+	var zones []zoneSpec
+	static := map[string]string{} // server -> its zone
+	for _, s := range c.ZoneUpstreams {
+		name, list, ok := strings.Cut(s, "=")
+		name = strings.TrimSpace(name)
+		if !ok || name == "" || strings.TrimSpace(list) == "" {
+			return nil, fmt.Errorf("--upstream-zone %q: want NAME=ENTRY[,ENTRY…]", s)
+		}
+		if slices.ContainsFunc(zones, func(z zoneSpec) bool { return z.name == name }) {
+			return nil, fmt.Errorf("--upstream-zone: zone %q is given twice", name)
+		}
+		z := zoneSpec{name: name}
+		for _, u := range strings.Split(list, ",") {
+			u = strings.TrimSpace(u)
+			e, err := parseEntry(u)
+			if u == "" || err != nil {
+				return nil, fmt.Errorf("--upstream-zone %q: bad entry %q", s, u)
+			}
+			if e.kind == entryStatic {
+				if other, dup := static[u]; dup && other != name {
+					return nil, fmt.Errorf("--upstream-zone: server %s is in zones %q and %q", u, other, name)
+				}
+				static[u] = name
+			}
+			z.entries = append(z.entries, u)
+		}
+		zones = append(zones, z)
+	}
+	i := slices.IndexFunc(zones, func(z zoneSpec) bool { return z.name == c.Zone })
+	if i < 0 {
+		return nil, fmt.Errorf("--zone %q is not one of the --upstream-zone names", c.Zone)
+	}
+	local := zones[i]
+	zones = append(zones[:i], zones[i+1:]...)
+	return append([]zoneSpec{local}, zones...), nil
+}
+
+// zone is one zone's current server set, swapped whole by discovery, and
+// its counters.
+type zone struct {
+	zoneSpec
+	up atomic.Pointer[upstreams]
+
+	// Keys asked of the zone by result, the value bytes of its hits, and
+	// writes that failed in it while another zone answered the client.
+	reads         [numZoneResults]atomic.Uint64
+	readBytes     atomic.Uint64
+	writeFailures atomic.Uint64
+}
+
+// Results of one key asked of one zone.
+const (
+	zoneHit = iota
+	zoneMiss
+	zoneError
+	numZoneResults
+)
+
+var zoneResultNames = [numZoneResults]string{zoneHit: "hit", zoneMiss: "miss", zoneError: "error"}
+
+// Results of a fill.
+const (
+	fillStored = iota
+	fillNotStored
+	fillFailed
+	numFillResults
+)
+
+var fillResultNames = [numFillResults]string{fillStored: "stored", fillNotStored: "not_stored", fillFailed: "failed"}
+
+// zoned reports whether the proxy serves zones.
+func (p *Proxy) zoned() bool { return len(p.zones) > 1 || p.zones[0].name != "" }
+
+// allServers returns the current servers of every zone.
+func (p *Proxy) allServers() []*server {
+	if len(p.zones) == 1 {
+		return p.upstreams().servers
+	}
+	var all []*server
+	for _, z := range p.zones {
+		all = append(all, z.up.Load().servers...)
+	}
+	return all
+}
+
+// zoneCalls is a connection's view of one zone: the zone's server set for
+// the command being handled, a call per server, and one for commands.
+type zoneCalls struct {
+	up    *upstreams
+	calls []*getCall
+	cmd   *getCall
+}
+
+// call returns the call that holds o's result.
+func (c *conn) call(o keyOwner) *getCall {
+	if o.zone == 0 {
+		return c.calls[o.srv]
+	}
+	return c.zs[o.zone].calls[o.srv]
+}
+
+// ownerServer returns the server that o's result came from.
+func (c *conn) ownerServer(o keyOwner) *server {
+	if o.zone == 0 {
+		return c.up.servers[o.srv]
+	}
+	return c.zs[o.zone].up.servers[o.srv]
+}
+
+// askOtherZones looks up, zone after zone, the keys that the zones asked
+// so far did not answer: misses, and keys whose server failed or is
+// ejected. Each zone gets one mg per key, in one request per server, all
+// servers at once; the answers are left in that zone's calls, and the
+// owners of the keys answered point there.
+func (c *conn) askOtherZones(r retrieval) {
+	if c.zs == nil {
+		return
+	}
+	c.countZoneReads(0)
+	c.asked = 1
+	multi := len(c.owners) > 1
+	r.meta = true
+	for z := 1; z < len(c.zs); z++ {
+		zc := &c.zs[z]
+		for _, call := range zc.calls {
+			call.reset()
+		}
+		if multi {
+			clear(c.seen)
+		}
+		asked := false
+		for i := range c.owners {
+			o := &c.owners[i]
+			if o.srv < 0 {
+				continue
+			}
+			call := c.call(*o)
+			if call.err == nil && call.items[o.pos].hit {
+				continue
+			}
+			key := call.keys[o.pos]
+			if multi {
+				if n, ok := c.seen[key]; ok {
+					o.zone, o.srv, o.pos = n.zone, n.srv, n.pos
+					continue
+				}
+			}
+			s := zc.up.pick(key, c.p.cfg.EjectRehash)
+			next := zc.calls[s]
+			o.zone, o.srv, o.pos = int32(z), int32(s), int32(len(next.keys))
+			next.keys = append(next.keys, key)
+			asked = true
+			if multi {
+				if c.seen == nil {
+					c.seen = make(map[string]keyOwner)
+				}
+				c.seen[key] = *o
+			}
+		}
+		if !asked {
+			return
+		}
+		c.asked = z + 1
+		var wg sync.WaitGroup
+		for s, call := range zc.calls {
+			if len(call.keys) == 0 {
+				continue
+			}
+			wg.Add(1)
+			go func(srv *server, call *getCall) {
+				defer wg.Done()
+				batch := append(call.batch[:0], call)
+				fetch(srv.raw, srv.up, r, batch)
+				call.batch = batch[:0]
+			}(zc.up.servers[s], call)
+		}
+		wg.Wait()
+		c.countZoneReads(z)
+	}
+}
+
+// countZoneReads counts the keys asked of zone z by result.
+func (c *conn) countZoneReads(z int) {
+	zone := c.p.zones[z]
+	for _, call := range c.zs[z].calls {
+		if len(call.keys) == 0 {
+			continue
+		}
+		if call.err != nil {
+			zone.reads[zoneError].Add(uint64(len(call.keys)))
+			continue
+		}
+		var hits, bytes uint64
+		for _, it := range call.items {
+			if it.hit {
+				hits++
+				bytes += uint64(it.n)
+			}
+		}
+		zone.reads[zoneHit].Add(hits)
+		zone.reads[zoneMiss].Add(uint64(len(call.keys)) - hits)
+		zone.readBytes.Add(bytes)
+	}
+}
+
+// fillLocal stores the hits that other zones answered into the local
+// zone, as memcached holds them (envelopes included), with an add: a value
+// the local zone got meanwhile is newer, and stays. A touch gives them its
+// new exptime; other reads keep their remaining time to live. The replies
+// to the client are written first, so a fill costs it no time.
+func (c *conn) fillLocal(r retrieval) {
+	if c.zs == nil || !c.p.cfg.ZoneFill {
+		return
+	}
+	filled := false
+	for z := 1; z < c.asked && !filled; z++ {
+		for _, call := range c.zs[z].calls {
+			if call.err == nil && slices.ContainsFunc(call.items, func(it item) bool { return it.hit }) {
+				filled = true
+				break
+			}
+		}
+	}
+	if !filled {
+		return
+	}
+	c.flush()
+	// The local calls are done with: each carries its server's fills.
+	for _, call := range c.calls {
+		call.reset()
+	}
+	bufs := c.fillBuf[:0]
+	for z := 1; z < c.asked; z++ {
+		for _, call := range c.zs[z].calls {
+			if call.err != nil {
+				continue
+			}
+			for i, it := range call.items {
+				if !it.hit || it.ttl == 0 {
+					continue // gone in under a second: not worth it
+				}
+				key := call.keys[i]
+				local := c.calls[c.up.pick(key, c.p.cfg.EjectRehash)]
+				exptime := exptimeOf(it.ttl)
+				if r.touch {
+					exptime = int64(r.exptime)
+				}
+				start := len(bufs)
+				bufs = appendStorage(bufs, "add", key, it.flags, int32(exptime), it.n, 0, false)
+				bufs = append(bufs, call.value(i)...)
+				bufs = append(bufs, crlf...)
+				// req is set once every fill is in bufs, which may move.
+				local.items = append(local.items, item{off: start, n: len(bufs) - start})
+				local.replies++
+			}
+		}
+	}
+	c.fillBuf = bufs
+	var wg sync.WaitGroup
+	for s, call := range c.calls {
+		if call.replies == 0 {
+			continue
+		}
+		// The fills of one server are consecutive in bufs only when
+		// grouped: gather them.
+		call.arena = call.arena[:0]
+		for _, it := range call.items {
+			call.arena = append(call.arena, bufs[it.off:it.off+it.n]...)
+		}
+		call.req = call.arena
+		wg.Add(1)
+		go func(srv *server, call *getCall) {
+			defer wg.Done()
+			srv.pipe.get(call)
+		}(c.up.servers[s], call)
+	}
+	wg.Wait()
+	for _, call := range c.calls {
+		if call.replies == 0 {
+			continue
+		}
+		if call.err != nil {
+			c.p.fills[fillFailed].Add(uint64(call.replies))
+			continue
+		}
+		var stored uint64
+		for rest := call.reply; len(rest) > 0; {
+			var line []byte
+			line, rest, _ = bytes.Cut(rest, []byte{'\n'})
+			if bytes.Equal(line, replyStored[:len(replyStored)-1]) {
+				stored++
+			}
+		}
+		c.p.fills[fillStored].Add(stored)
+		c.p.fills[fillNotStored].Add(uint64(call.replies) - stored)
+	}
+	if cap(c.fillBuf) > arenaKeep {
+		c.fillBuf = nil
+	}
+}
+
+// sendOn runs one command on srv with call, pipelined with other clients'
+// requests, and returns the line memcached answered.
+func sendOn(call *getCall, srv *server, req, data []byte) ([]byte, error) {
+	call.reset()
+	call.req, call.data = req, data
+	srv.pipe.get(call)
+	if call.err == nil && isServerError(call.reply) {
+		srv.up.serverError()
+	}
+	return call.reply, call.err
+}
+
+// send runs a command on key k's server in this zone.
+func (zc *zoneCalls) send(k string, rehash bool, req, data []byte) (*server, []byte, error) {
+	srv := zc.up.servers[zc.up.pick(k, rehash)]
+	line, err := sendOn(zc.cmd, srv, req, data)
+	return srv, line, err
+}
+
+// writeFailed reports whether a write did not take in its zone.
+func writeFailed(line []byte, err error) bool { return err != nil || isServerError(line) }
+
+// sendEvery runs a write that every zone takes as it is (set, delete,
+// touch) on key k's server in each zone at once, and returns the reply of
+// the local zone, or when it failed, of the first zone that answered, with
+// the server that answered (the local one when none did). With
+// --zone-writes=local it is sendDeciding.
+func (c *conn) sendEvery(k string, req, data []byte) (line []byte, srv *server, err error) {
+	if c.zs == nil {
+		srv = c.up.servers[c.serverFor(k)]
+		line, err = c.send(srv, req, data)
+		return line, srv, err
+	}
+	if c.p.cfg.ZoneWrites == zoneWritesLocal {
+		line, _, srv, err = c.sendDeciding(k, req, data)
+		return line, srv, err
+	}
+	rehash := c.p.cfg.EjectRehash
+	type result struct {
+		srv  *server
+		line []byte
+		err  error
+	}
+	results := make([]result, len(c.zs))
+	var wg sync.WaitGroup
+	for z := 1; z < len(c.zs); z++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := &results[z]
+			r.srv, r.line, r.err = c.zs[z].send(k, rehash, req, data)
+		}()
+	}
+	r := &results[0]
+	r.srv, r.line, r.err = c.zs[0].send(k, rehash, req, data)
+	wg.Wait()
+	answer := 0
+	for z := range results {
+		if results[z].err == nil {
+			answer = z
+			break
+		}
+	}
+	for z, r := range results {
+		if z != answer && writeFailed(r.line, r.err) {
+			c.p.zones[z].writeFailures.Add(1)
+		}
+	}
+	r = &results[answer]
+	return r.line, r.srv, r.err
+}
+
+// sendDeciding runs a write whose result depends on the item already
+// there (add, replace, cas, append, prepend, incr, decr) on the first zone
+// that answers, the local one first. It returns that zone's reply, the
+// zone and its server; when none answers, the local server and its error.
+func (c *conn) sendDeciding(k string, req, data []byte) (line []byte, z int, srv *server, err error) {
+	if c.zs == nil {
+		srv = c.up.servers[c.serverFor(k)]
+		line, err = c.send(srv, req, data)
+		return line, 0, srv, err
+	}
+	rehash := c.p.cfg.EjectRehash
+	var first error
+	var firstSrv *server
+	for z := range c.zs {
+		srv, line, err = c.zs[z].send(k, rehash, req, data)
+		if err == nil {
+			return line, z, srv, nil
+		}
+		c.p.zones[z].writeFailures.Add(1)
+		if z == 0 {
+			first, firstSrv = err, srv
+		}
+	}
+	return nil, 0, firstSrv, first
+}
+
+// decidingServer returns, for a read-modify-write of key k, its server in
+// the first zone where that server is not ejected, and the zone.
+func (c *conn) decidingServer(k string) (*server, int) {
+	if c.zs == nil {
+		return c.up.servers[c.serverFor(k)], 0
+	}
+	for z, zc := range c.zs {
+		if srv := zc.up.servers[zc.up.pick(k, c.p.cfg.EjectRehash)]; !srv.health.down.Load() {
+			return srv, z
+		}
+	}
+	return c.up.servers[c.serverFor(k)], 0
+}
+
+// alignZones brings key k in every zone but the deciding one, z, in line
+// with it after a write there: req (a set of the value stored, or a
+// delete) goes to all of them at once. Only with --zone-writes=all.
+func (c *conn) alignZones(z int, k string, req, data []byte) {
+	if c.zs == nil || c.p.cfg.ZoneWrites == zoneWritesLocal {
+		return
+	}
+	rehash := c.p.cfg.EjectRehash
+	var wg sync.WaitGroup
+	for o := range c.zs {
+		if o == z {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, line, err := c.zs[o].send(k, rehash, req, data); writeFailed(line, err) {
+				c.p.zones[o].writeFailures.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// alignDelete drops key k from every zone but z, after a write there
+// changed its value in place (append, prepend, incr, decr): the other
+// copies cannot be brought to the same bytes without reading it.
+func (c *conn) alignDelete(z int, k string) {
+	if c.zs == nil {
+		return
+	}
+	c.alignReq = appendKeyCommand(c.alignReq[:0], "delete ", k, nil)
+	c.alignZones(z, k, c.alignReq, nil)
+}
