@@ -97,7 +97,7 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
-	servers := m.p.allServers()
+	servers := m.p.uniqueServers()
 	m.p.collectHealth(ch, servers)
 	for id := range numCommands {
 		for oc := range numOutcomes {

@@ -249,7 +249,7 @@ func (s *stats) appendStats(b []byte, p *Proxy) []byte {
 	num("bytes_read", c.bytesRead)
 	num("bytes_written", c.bytesWritten)
 	num("threads", uint64(runtime.GOMAXPROCS(0)))
-	num("upstream_servers", uint64(len(p.allServers())))
+	num("upstream_servers", uint64(len(p.uniqueServers())))
 	num("upstream_errors", c.upstreamErrors)
 	num("upstream_gets", c.upstreamGets)
 	num("upstream_get_keys", c.upGetKeys)

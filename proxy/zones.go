@@ -96,7 +96,7 @@ func (c *Config) zoneSpecs() ([]zoneSpec, error) {
 		}
 		zones = append(zones, z)
 	}
-	i := slices.IndexFunc(zones, func(z zoneSpec) bool { return z.name == c.Zone })
+	i := slices.IndexFunc(zones, func(z zoneSpec) bool { return z.name == strings.TrimSpace(c.Zone) })
 	if i < 0 {
 		return nil, fmt.Errorf("--zone %q is not one of the --upstream-zone names", c.Zone)
 	}
@@ -140,6 +140,22 @@ var fillResultNames = [numFillResults]string{fillStored: "stored", fillNotStored
 
 // zoned reports whether the proxy serves zones.
 func (p *Proxy) zoned() bool { return len(p.zones) > 1 || p.zones[0].name != "" }
+
+// uniqueServers returns the current servers of every zone, each name once:
+// DNS may name one server in two zones, and its metrics must be exported
+// once.
+func (p *Proxy) uniqueServers() []*server {
+	all := p.allServers()
+	if len(p.zones) == 1 {
+		return all
+	}
+	seen := make(map[string]bool, len(all))
+	return slices.DeleteFunc(all, func(s *server) bool {
+		dup := seen[s.name]
+		seen[s.name] = true
+		return dup
+	})
+}
 
 // allServers returns the current servers of every zone.
 func (p *Proxy) allServers() []*server {
@@ -433,7 +449,7 @@ func (c *conn) sendEvery(k string, req, data []byte) (line []byte, srv *server, 
 		}
 	}
 	for z, r := range results {
-		if z != answer && writeFailed(r.line, r.err) {
+		if writeFailed(r.line, r.err) {
 			c.p.zones[z].writeFailures.Add(1)
 		}
 	}
@@ -456,10 +472,12 @@ func (c *conn) sendDeciding(k string, req, data []byte) (line []byte, z int, srv
 	var firstSrv *server
 	for z := range c.zs {
 		srv, line, err = c.zs[z].send(k, rehash, req, data)
+		if writeFailed(line, err) {
+			c.p.zones[z].writeFailures.Add(1)
+		}
 		if err == nil {
 			return line, z, srv, nil
 		}
-		c.p.zones[z].writeFailures.Add(1)
 		if z == 0 {
 			first, firstSrv = err, srv
 		}

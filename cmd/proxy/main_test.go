@@ -87,6 +87,9 @@ func TestConfigExamplesUseRealFlags(t *testing.T) {
 				t.Errorf("%s: %v", f, err)
 				continue
 			}
+			if err := cfg.parsed(fs); err != nil {
+				t.Errorf("%s: %v", f, err)
+			}
 			if err := cfg.validate(); err != nil {
 				t.Errorf("%s: %v", f, err)
 			}
@@ -101,6 +104,16 @@ func TestConfigExamplesUseRealFlags(t *testing.T) {
 			}
 			if !pointed {
 				t.Errorf("%s: no container sets %s%s", f, cacheAddr, cfg.proxy.Listen)
+			}
+			// A zone-aware store-gateway's sidecar serves the store-gateway's
+			// own zone.
+			const ringZone = "-store-gateway.sharding-ring.instance-availability-zone="
+			for _, c := range pod {
+				for _, a := range c.Args {
+					if zone, ok := strings.CutPrefix(a, ringZone); ok && zone != cfg.proxy.Zone {
+						t.Errorf("%s: the store-gateway is in zone %q, its sidecar runs --zone=%q", f, zone, cfg.proxy.Zone)
+					}
+				}
 			}
 		}
 	}
@@ -137,17 +150,59 @@ func TestBadFlagValueFailsBeforeListening(t *testing.T) {
 		{"--upstream-tls-enabled", "--upstream=unix:/run/memcached.sock"},
 		{"--no-such-flag"},
 	} {
-		var out bytes.Buffer
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		err := run(ctx, append(args, "--listen=127.0.0.1:0", "--metrics-listen="), &out, &out)
-		cancel()
-		if err == nil {
-			t.Errorf("%v: started, want an error", args)
-			continue
-		}
-		if strings.Contains(err.Error(), "\n") {
-			t.Errorf("%v: error is not one line: %q", args, err)
-		}
+		refused(t, args, "")
+	}
+	// Zone flags that cannot work. Each case is otherwise valid, so the
+	// error must be the zone one: want is part of its text.
+	const a, b = "--upstream-zone=zone-a=127.0.0.1:11211", "--upstream-zone=zone-b=127.0.0.1:11212"
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{a, b}, "--upstream-zone needs --zone"},
+		{[]string{"--zone=zone-c", a, b}, `--zone "zone-c" is not one of the --upstream-zone names`},
+		{[]string{"--zone=zone-a", a, b, "--upstream=127.0.0.1:11213"}, "--upstream or --upstream-zone, not both"},
+		// --upstream given with its default value is given all the same.
+		{[]string{"--zone=zone-a", a, "--upstream=127.0.0.1:11211"}, "--upstream or --upstream-zone, not both"},
+		{[]string{"--zone=zone-a"}, "--zone needs --upstream-zone"},
+		{[]string{"--zone=zone-a", "--upstream=127.0.0.1:11211"}, "--zone needs --upstream-zone"},
+		{[]string{"--zone=zone-a", a, "--upstream-zone=zone-a=127.0.0.1:11212"}, `zone "zone-a" is given twice`},
+		{[]string{"--zone=zone-a", a, "--upstream-zone=zone-b=127.0.0.1:11211"}, "server 127.0.0.1:11211 is in zones"},
+		{[]string{"--zone=zone-a", a, "--zone-writes=some"}, "--zone-writes must be all or local"},
+		{[]string{"--zone=zone-a", a, "--zone-writes=ALL"}, "--zone-writes must be all or local"},
+		// Malformed NAME=ENTRY[,ENTRY…].
+		{[]string{"--zone=zone-a", "--upstream-zone=127.0.0.1:11211"}, "want NAME=ENTRY"},
+		{[]string{"--zone=zone-a", a, "--upstream-zone==127.0.0.1:11212"}, "want NAME=ENTRY"},
+		{[]string{"--zone=zone-a", a, "--upstream-zone= =127.0.0.1:11212"}, "want NAME=ENTRY"},
+		{[]string{"--zone=zone-a", a, "--upstream-zone=zone-b="}, "want NAME=ENTRY"},
+		{[]string{"--zone=zone-a", a, "--upstream-zone=zone-b=no-port"}, `bad entry "no-port"`},
+		{[]string{"--zone=zone-a", a, "--upstream-zone=zone-b=127.0.0.1:11212,"}, `bad entry ""`},
+		{[]string{"--zone=zone-a", a, "--upstream-zone=zone-b=dnssrv+"}, `bad entry "dnssrv+"`},
+		{[]string{"--zone=zone-a", a, "--upstream-zone=zone-b=dns+no-port"}, `bad entry "dns+no-port"`},
+		{[]string{"--zone=zone-a", a, "--upstream-zone=zone-b=unix:"}, `bad entry "unix:"`},
+		{[]string{"--zone=zone-a", "--upstream-zone=zone-a=dns+localhost:11211", "--upstream-dns-interval=0s"}, "--upstream-dns-interval must be positive"},
+	} {
+		refused(t, c.args, c.want)
+	}
+}
+
+// refused runs the command with args and checks that it fails before it
+// serves, with a one-line error holding want.
+func refused(t *testing.T, args []string, want string) {
+	t.Helper()
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	err := run(ctx, append(args, "--listen=127.0.0.1:0", "--metrics-listen="), &out, &out)
+	if err == nil {
+		t.Errorf("%v: started, want an error", args)
+		return
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Errorf("%v: error is not one line: %q", args, err)
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Errorf("%v: error %q, want it to say %q", args, err, want)
 	}
 }
 

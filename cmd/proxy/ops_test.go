@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -79,7 +80,8 @@ type sidecar struct {
 }
 
 // startSidecar runs the command with args against upstream until the test
-// ends, and checks then that it stopped cleanly.
+// ends, and checks then that it stopped cleanly. An empty upstream gives
+// no --upstream, for args that name the servers (--upstream-zone).
 func startSidecar(t *testing.T, upstream string, args ...string) sidecar {
 	t.Helper()
 	s := sidecar{listen: freeAddr(t), metrics: freeAddr(t), logs: &bytes.Buffer{}}
@@ -87,9 +89,13 @@ func startSidecar(t *testing.T, upstream string, args ...string) sidecar {
 	done := make(chan error, 1)
 	var mu sync.Mutex
 	out := writerFunc(func(b []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return s.logs.Write(b) })
+	flags := []string{"--listen=" + s.listen, "--metrics-listen=" + s.metrics,
+		"--upstream-timeout=300ms", "--upstream-connect-timeout=300ms", "--shutdown-grace=5s"}
+	if upstream != "" {
+		flags = append(flags, "--upstream="+upstream)
+	}
 	go func() {
-		done <- run(ctx, append([]string{"--listen=" + s.listen, "--metrics-listen=" + s.metrics, "--upstream=" + upstream,
-			"--upstream-timeout=300ms", "--upstream-connect-timeout=300ms", "--shutdown-grace=5s"}, args...), out, out)
+		done <- run(ctx, append(flags, args...), out, out)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -172,12 +178,53 @@ func sampleNames(mfs map[string]*dto.MetricFamily) map[string]bool {
 // some traffic, so every family has samples.
 func startBusySidecar(t *testing.T) sidecar {
 	t.Helper()
-	s := startSidecar(t, startMemcached(t))
+	return busy(t, startSidecar(t, startMemcached(t)))
+}
+
+// busy sends a sidecar a set and a get of a key, and a get of a key no
+// server has.
+func busy(t *testing.T, s sidecar) sidecar {
+	t.Helper()
 	key := "S:team-a:01HZX3K5R9W1V8Q2N4M6P7T0AB:1"
 	if got := s.do(t, "set "+key+" 0 0 2\r\nhi\r\nget "+key+" nope\r\n"); !strings.HasPrefix(got, "STORED\r\nVALUE ") {
 		t.Fatalf("set and get answered %q", got)
 	}
 	return s
+}
+
+// zoneOnlyKey is a key that startBusyZonedSidecar stores in zone-b only.
+const zoneOnlyKey = "S:team-a:01HZX3K5R9W1V8Q2N4M6P7T0AB:2"
+
+// startBusyZonedSidecar runs the sidecar in zone-a of two zones, each a
+// real memcached, and sends it the traffic of startBusySidecar, which
+// reaches both zones, and a get of a key that only zone-b has, which is
+// read across zones and filled into zone-a. So the families exported only
+// with zones have samples too.
+func startBusyZonedSidecar(t *testing.T) sidecar {
+	t.Helper()
+	a, b := startMemcached(t), startMemcached(t)
+	s := startSidecar(t, "", "--zone=zone-a", "--upstream-zone=zone-a="+a, "--upstream-zone=zone-b="+b)
+	busy(t, s)
+	// Straight to zone-b's memcached, past the sidecar.
+	zoneB := sidecar{listen: b}
+	if got := zoneB.do(t, "set "+zoneOnlyKey+" 0 0 2\r\nho\r\n"); got != "STORED\r\n" {
+		t.Fatalf("zone-b's memcached answered the set %q", got)
+	}
+	if got, want := s.do(t, "get "+zoneOnlyKey+"\r\n"), "VALUE "+zoneOnlyKey+" 0 2\r\nho\r\nEND\r\n"; got != want {
+		t.Fatalf("get of a key only zone-b has answered %q, want %q", got, want)
+	}
+	return s
+}
+
+// exportedNames returns the sample names that the dashboard and the alert
+// rules may use: those of a busy sidecar without zones and with them.
+func exportedNames(t *testing.T) map[string]bool {
+	t.Helper()
+	names := sampleNames(startBusySidecar(t).scrape(t))
+	for n := range sampleNames(startBusyZonedSidecar(t).scrape(t)) {
+		names[n] = true
+	}
+	return names
 }
 
 func TestMetricsEndpointExportsWhatOperatorsNeed(t *testing.T) {
@@ -212,6 +259,53 @@ func TestMetricsEndpointExportsWhatOperatorsNeed(t *testing.T) {
 			t.Errorf("team-a made 2 requests, the metric says %v", m.GetCounter().GetValue())
 		}
 	}
+
+	// The zone families are exported with zones only.
+	zoneFamilies := []string{"mcsidecar_zone_reads_total", "mcsidecar_zone_read_bytes_total",
+		"mcsidecar_zone_fills_total", "mcsidecar_zone_write_failures_total"}
+	for _, name := range zoneFamilies {
+		if mfs[name] != nil {
+			t.Errorf("/metrics without zones has %s", name)
+		}
+	}
+	zmfs := startBusyZonedSidecar(t).scrape(t)
+	for _, name := range zoneFamilies {
+		if zmfs[name] == nil {
+			t.Errorf("/metrics with zones has no %s", name)
+		}
+	}
+	// The key that only zone-b had was a hit there, its 2 bytes read across
+	// zones, and was filled into zone-a; every write reached both zones.
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"mcsidecar_zone_reads_total", map[string]string{"zone": "zone-b", "local": "false", "result": "hit"}, 1},
+		{"mcsidecar_zone_read_bytes_total", map[string]string{"zone": "zone-b", "local": "false"}, 2},
+		{"mcsidecar_zone_fills_total", map[string]string{"result": "stored"}, 1},
+		{"mcsidecar_zone_write_failures_total", map[string]string{"zone": "zone-a"}, 0},
+		{"mcsidecar_zone_write_failures_total", map[string]string{"zone": "zone-b"}, 0},
+	} {
+		if got, ok := counterValue(zmfs, c.name, c.labels); !ok || got != c.want {
+			t.Errorf("%s%v = %v (exported: %v), want %v", c.name, c.labels, got, ok, c.want)
+		}
+	}
+}
+
+// counterValue returns the value of the counter of family name whose
+// labels are labels, and whether there is one.
+func counterValue(mfs map[string]*dto.MetricFamily, name string, labels map[string]string) (float64, bool) {
+	for _, m := range mfs[name].GetMetric() {
+		have := map[string]string{}
+		for _, l := range m.GetLabel() {
+			have[l.GetName()] = l.GetValue()
+		}
+		if maps.Equal(have, labels) {
+			return m.GetCounter().GetValue(), true
+		}
+	}
+	return 0, false
 }
 
 func TestHealthReadinessAndStatusPage(t *testing.T) {
@@ -233,6 +327,20 @@ func TestHealthReadinessAndStatusPage(t *testing.T) {
 	}
 	if code, _ := s.get(t, "/nosuch"); code != http.StatusNotFound {
 		t.Errorf("/nosuch: %d, want 404", code)
+	}
+	if strings.Contains(page, "<th>zone</th>") {
+		t.Errorf("status page without zones has a zone column:\n%s", page)
+	}
+
+	zoned := startBusyZonedSidecar(t)
+	if code, body := zoned.get(t, "/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz with zones and memcached up: %d %q", code, body)
+	}
+	_, page = zoned.get(t, "/")
+	for _, want := range []string{"<th>zone</th>", "<td>zone-a (local)</td>", "<td>zone-b</td>"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("status page with zones lacks %q:\n%s", want, page)
+		}
 	}
 
 	down := startSidecar(t, freeAddr(t))
@@ -256,7 +364,7 @@ var metricName = regexp.MustCompile(`\b[a-z_:][a-z0-9_:]*\b`)
 var promqlWords = map[string]bool{
 	"sum": true, "min": true, "or": true, "by": true, "rate": true, "topk": true, "count": true, "histogram_quantile": true,
 	"le": true, "instance": true, "server": true, "kind": true, "reason": true, "outcome": true, "command": true,
-	"result": true, "scheme": true, "step": true, "tenant": true, "version": true, "goversion": true,
+	"result": true, "scheme": true, "step": true, "tenant": true, "version": true, "goversion": true, "zone": true, "local": true,
 	"connect": true, "timeout": true, "connection": true, "upstream_error": true, "hit": true, "get": true, "gets": true,
 	"m": true, "__rate_interval": true, "label_values": true,
 }
@@ -304,7 +412,7 @@ func TestDashboardQueriesUseOnlyExportedMetrics(t *testing.T) {
 	if len(exprs) < 10 {
 		t.Fatalf("the dashboard has %d queries", len(exprs))
 	}
-	names := sampleNames(startBusySidecar(t).scrape(t))
+	names := exportedNames(t)
 	for _, e := range exprs {
 		used := metricsIn(e)
 		if len(used) == 0 {
@@ -337,7 +445,7 @@ func TestAlertRulesUseOnlyExportedMetricsAndPassPromtool(t *testing.T) {
 	if err := yaml.Unmarshal(data, &rules); err != nil {
 		t.Fatal(err)
 	}
-	names := sampleNames(startBusySidecar(t).scrape(t))
+	names := exportedNames(t)
 	var alerts []string
 	for _, g := range rules.Groups {
 		for _, r := range g.Rules {
@@ -356,7 +464,7 @@ func TestAlertRulesUseOnlyExportedMetricsAndPassPromtool(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"McsidecarUpstreamDown", "McsidecarVerificationFailures", "McsidecarKeyRejections", "McsidecarHighErrorRatio"} {
+	for _, want := range []string{"McsidecarUpstreamDown", "McsidecarVerificationFailures", "McsidecarKeyRejections", "McsidecarHighErrorRatio", "McsidecarZoneWriteFailures"} {
 		if !slices.Contains(alerts, want) {
 			t.Errorf("no alert %s", want)
 		}
