@@ -1,0 +1,625 @@
+package proxy
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// startZone starts n memcached servers for one zone and returns their
+// addresses.
+func startZone(t *testing.T, n int) []string {
+	t.Helper()
+	var servers []string
+	for range n {
+		servers = append(servers, startMemcached(t))
+	}
+	return servers
+}
+
+// zoneEntry is the --upstream-zone value for a zone of servers.
+func zoneEntry(name string, servers []string) string {
+	return name + "=" + strings.Join(servers, ",")
+}
+
+// zonedConfig is the test configuration of a sidecar in zone local, over
+// the zones given as --upstream-zone values, writing to every zone and
+// filling the local one.
+func zonedConfig(local string, zones ...string) Config {
+	cfg := testConfig()
+	cfg.Upstreams = nil
+	cfg.Zone = local
+	cfg.ZoneUpstreams = zones
+	cfg.ZoneWrites = zoneWritesAll
+	cfg.ZoneFill = true
+	return cfg
+}
+
+// ownerOf returns the server of a zone that owns key, as the proxy picks
+// it: jump hash over the servers in their natural order.
+func ownerOf(t *testing.T, servers []string, key string) string {
+	t.Helper()
+	ordered := orderServers(servers)
+	sel, err := newSelector(selectJump, ordered)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ordered[sel.pick(key)]
+}
+
+// directDo sends req straight to the memcached at addr and returns its
+// one reply.
+func directDo(t *testing.T, addr, req string) string {
+	t.Helper()
+	lc := newLineClient(t, addr)
+	defer lc.c.Close()
+	return lc.do(req)
+}
+
+// directSet stores data under key straight in the memcached at addr.
+func directSet(t *testing.T, addr, key string, flags uint32, exptime int, data string) {
+	t.Helper()
+	req := fmt.Sprintf("set %s %d %d %d\r\n%s\r\n", key, flags, exptime, len(data), data)
+	if r := directDo(t, addr, req); r != "STORED\r\n" {
+		t.Fatalf("direct set %s on %s: %q", key, addr, r)
+	}
+}
+
+// inZone asks every server of a zone directly for key and returns the
+// item of the first that holds it, and whether one does.
+func inZone(t *testing.T, servers []string, key string) (flags uint32, data string, ok bool) {
+	t.Helper()
+	for _, s := range servers {
+		lc := newLineClient(t, s)
+		flags, data, ok = rawItem(t, lc, key)
+		lc.c.Close()
+		if ok {
+			return flags, data, true
+		}
+	}
+	return 0, "", false
+}
+
+// ttlIn returns the remaining time to live of key on the memcached at
+// addr (mg's t flag: -1 for none), and whether it holds the key.
+func ttlIn(t *testing.T, addr, key string) (int, bool) {
+	t.Helper()
+	reply := directDo(t, addr, "mg "+key+" t\r\n")
+	if reply == "EN\r\n" {
+		return 0, false
+	}
+	ttl, ok := strings.CutPrefix(strings.TrimSuffix(reply, "\r\n"), "HD t")
+	n, err := strconv.Atoi(ttl)
+	if !ok || err != nil {
+		t.Fatalf("mg %s t on %s: %q", key, addr, reply)
+	}
+	return n, true
+}
+
+// valueReply is the reply to "get key" of a hit.
+func valueReply(key string, flags uint32, data string) string {
+	return fmt.Sprintf("VALUE %s %d %d\r\n%s\r\nEND\r\n", key, flags, len(data), data)
+}
+
+// setReq is a set of key to data with no expiry.
+func setReq(verb, key, data string) string {
+	return fmt.Sprintf("%s %s 0 0 %d\r\n%s\r\n", verb, key, len(data), data)
+}
+
+// bytesWritten returns memcached's bytes_written through lc, and the size
+// of the stats reply that reported it, which memcached counts once sent.
+func bytesWritten(t *testing.T, lc *lineClient) (n uint64, reply uint64) {
+	t.Helper()
+	r := lc.do("stats\r\n")
+	for _, line := range strings.Split(r, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "STAT bytes_written "); ok {
+			n, err := strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				t.Fatalf("bytes_written %q", v)
+			}
+			return n, uint64(len(r))
+		}
+	}
+	t.Fatalf("stats has no bytes_written:\n%s", r)
+	return 0, 0
+}
+
+// sentDuring runs fn and returns, for each server, the bytes it sent
+// meanwhile, by its own bytes_written less the stats reply taken before.
+func sentDuring(t *testing.T, servers []string, fn func()) []uint64 {
+	t.Helper()
+	clients := make([]*lineClient, len(servers))
+	before := make([]uint64, len(servers))
+	for i, s := range servers {
+		clients[i] = newLineClient(t, s)
+		n, reply := bytesWritten(t, clients[i])
+		before[i] = n + reply
+	}
+	fn()
+	sent := make([]uint64, len(servers))
+	for i, lc := range clients {
+		n, _ := bytesWritten(t, lc)
+		sent[i] = n - before[i]
+		lc.c.Close()
+	}
+	return sent
+}
+
+// counterWith returns the counter name whose labels are exactly labels,
+// given as name, value pairs.
+func counterWith(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for i := 0; i+1 < len(labels); i += 2 {
+		want[labels[i]] = labels[i+1]
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			if len(m.GetLabel()) != len(want) {
+				continue
+			}
+			for _, l := range m.GetLabel() {
+				if want[l.GetName()] != l.GetValue() {
+					continue metrics
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no series %s%v", name, labels)
+	return 0
+}
+
+// zoneWorkload is keys with values of 1 to 4 KiB, the same on every run.
+func zoneWorkload(n int) (keys, values []string) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	for i := range n {
+		b := make([]byte, 1024+rng.IntN(3*1024+1))
+		for j := range b {
+			b[j] = 'a' + byte(rng.IntN(26))
+		}
+		keys = append(keys, "zone-key-"+strconv.Itoa(i))
+		values = append(values, string(b))
+	}
+	return keys, values
+}
+
+// crossZoneShare writes the workload through sidecars[0], then reads
+// every key through each sidecar in turn; sidecar x is in zone x, and so
+// is server i when zoneOf[i] == x. It returns the share of the bytes the
+// servers sent during the reads that crossed a zone.
+func crossZoneShare(t *testing.T, sidecars, servers []string, zoneOf []int, keys, values []string) float64 {
+	t.Helper()
+	writer := newLineClient(t, sidecars[0])
+	var valueBytes uint64
+	for i, k := range keys {
+		if r := writer.do(setReq("set", k, values[i])); r != "STORED\r\n" {
+			t.Fatalf("set %s: %q", k, r)
+		}
+		valueBytes += uint64(len(values[i]))
+	}
+	var cross, total uint64
+	for x, sidecar := range sidecars {
+		reader := newLineClient(t, sidecar)
+		sent := sentDuring(t, servers, func() {
+			for i, k := range keys {
+				if r := reader.do("get " + k + "\r\n"); r != valueReply(k, 0, values[i]) {
+					t.Fatalf("sidecar %d: get %s: %q", x, k, short(r))
+				}
+			}
+		})
+		var phase uint64
+		for i, n := range sent {
+			phase += n
+			if zoneOf[i] != x {
+				cross += n
+			}
+		}
+		// The servers sent every value once, and a few dozen bytes of
+		// framing a key: the values dominate what is measured.
+		if phase < valueBytes || phase > valueBytes+100*uint64(len(keys)) {
+			t.Fatalf("sidecar %d: servers sent %d bytes for %d bytes of values", x, phase, valueBytes)
+		}
+		total += phase
+	}
+	return float64(cross) / float64(total)
+}
+
+// TestZonesKeepReadsInTheirZone reads the same keys through a sidecar in
+// each of three zones, and measures from memcached's own counters how
+// many of the bytes read crossed a zone: with zones almost none, with one
+// cluster shared by all zones about two thirds.
+func TestZonesKeepReadsInTheirZone(t *testing.T) {
+	keys, values := zoneWorkload(300)
+	names := []string{"a", "b", "c"}
+	zoneOf := []int{0, 0, 1, 1, 2, 2}
+
+	var servers, entries []string
+	for _, name := range names {
+		zone := startZone(t, 2)
+		servers = append(servers, zone...)
+		entries = append(entries, zoneEntry(name, zone))
+	}
+	var sidecars []string
+	for _, name := range names {
+		_, addr := startProxy(t, zonedConfig(name, entries...))
+		sidecars = append(sidecars, addr)
+	}
+	zoned := crossZoneShare(t, sidecars, servers, zoneOf, keys, values)
+
+	shared := startZone(t, 6)
+	var sharedSidecars []string
+	for range names {
+		_, addr := startProxy(t, testConfig(shared...))
+		sharedSidecars = append(sharedSidecars, addr)
+	}
+	one := crossZoneShare(t, sharedSidecars, shared, zoneOf, keys, values)
+
+	t.Logf("cross-zone share of bytes read: zones %.1f%%, one shared cluster %.1f%%", 100*zoned, 100*one)
+	if zoned > 0.05 {
+		t.Errorf("with zones %.1f%% of the bytes read crossed a zone, want at most 5%%", 100*zoned)
+	}
+	if one <= 0.5 {
+		t.Errorf("with one shared cluster %.1f%% of the bytes read crossed a zone, want over 50%%", 100*one)
+	}
+}
+
+// TestZoneMissIsFoundInAnotherZoneAndFilled reads through zone a's sidecar
+// keys that only zone c holds: the hit answers with zone c's flags and
+// CAS, and is stored into zone a with its remaining time to live (a gat's
+// new exptime), and into no other zone.
+func TestZoneMissIsFoundInAnotherZoneAndFilled(t *testing.T) {
+	a, b, c := startZone(t, 2), startZone(t, 2), startZone(t, 2)
+	p, addr := startProxy(t, zonedConfig("a", zoneEntry("a", a), zoneEntry("b", b), zoneEntry("c", c)))
+	reg := registry(t, p)
+	sidecar := newLineClient(t, addr)
+
+	// filled waits for key to be in zone a, on its own server only, with a
+	// time to live in [lo, hi], and checks its value.
+	filled := func(key string, flags uint32, data string, lo, hi int) {
+		t.Helper()
+		own := ownerOf(t, a, key)
+		var ttl int
+		if !waitFor(2*time.Second, func() bool {
+			var ok bool
+			ttl, ok = ttlIn(t, own, key)
+			return ok
+		}) {
+			t.Fatalf("%s was not filled into zone a", key)
+		}
+		if ttl < lo || ttl > hi {
+			t.Errorf("%s filled into zone a with a TTL of %d, want %d to %d", key, ttl, lo, hi)
+		}
+		for _, s := range a {
+			if s == own {
+				continue
+			}
+			if _, ok := ttlIn(t, s, key); ok {
+				t.Errorf("%s is in zone a also on %s, which does not own it", key, s)
+			}
+		}
+		lc := newLineClient(t, own)
+		if f, d, ok := rawItem(t, lc, key); !ok || f != flags || d != data {
+			t.Errorf("%s filled into zone a as flags %d %q, want %d %q", key, f, d, flags, data)
+		}
+		if _, _, ok := inZone(t, b, key); ok {
+			t.Errorf("%s was filled into zone b, which is not the sidecar's", key)
+		}
+	}
+
+	const key, data = "only-in-c", "hello from zone c"
+	owner := ownerOf(t, c, key)
+	directSet(t, owner, key, 42, 1000, data)
+	cas := strings.Fields(directDo(t, owner, "gets "+key+"\r\n"))[4]
+	if r := sidecar.do("gets " + key + "\r\n"); r != fmt.Sprintf("VALUE %s 42 %d %s\r\n%s\r\nEND\r\n", key, len(data), cas, data) {
+		t.Fatalf("gets through zone a's sidecar: %q, want zone c's item with CAS %s", r, cas)
+	}
+	filled(key, 42, data, 900, 1000)
+	if !waitFor(2*time.Second, func() bool { return counterWith(t, reg, "mcsidecar_zone_fills_total", "result", "stored") == 1 }) {
+		t.Errorf("fills stored: %v, want 1", counterWith(t, reg, "mcsidecar_zone_fills_total", "result", "stored"))
+	}
+	// The next read is a hit in zone a, asked of no other zone.
+	if r := sidecar.do("get " + key + "\r\n"); r != valueReply(key, 42, data) {
+		t.Fatalf("second get: %q", r)
+	}
+	reads := func(zone, local, result string) float64 {
+		return counterWith(t, reg, "mcsidecar_zone_reads_total", "zone", zone, "local", local, "result", result)
+	}
+	for _, w := range []struct {
+		zone, local, result string
+		want                float64
+	}{
+		{"a", "true", "miss", 1}, {"a", "true", "hit", 1}, {"a", "true", "error", 0},
+		{"b", "false", "miss", 1}, {"b", "false", "hit", 0},
+		{"c", "false", "hit", 1}, {"c", "false", "miss", 0},
+	} {
+		if got := reads(w.zone, w.local, w.result); got != w.want {
+			t.Errorf("zone reads {zone=%s,local=%s,result=%s}: %v, want %v", w.zone, w.local, w.result, got, w.want)
+		}
+	}
+	if got := counterWith(t, reg, "mcsidecar_zone_read_bytes_total", "zone", "c", "local", "false"); got != float64(len(data)) {
+		t.Errorf("bytes read from zone c: %v, want %d", got, len(data))
+	}
+	if got := counterWith(t, reg, "mcsidecar_zone_read_bytes_total", "zone", "a", "local", "true"); got != float64(len(data)) {
+		t.Errorf("bytes read from zone a: %v, want %d", got, len(data))
+	}
+
+	// gat: the fill takes the new exptime.
+	const touched = "touched-in-c"
+	directSet(t, ownerOf(t, c, touched), touched, 7, 1000, "xyz")
+	if r := sidecar.do("gat 500 " + touched + "\r\n"); r != valueReply(touched, 7, "xyz") {
+		t.Fatalf("gat through zone a's sidecar: %q", r)
+	}
+	filled(touched, 7, "xyz", 400, 500)
+
+	// A key no zone holds is a miss, and fills nothing.
+	if r := sidecar.do("get nowhere\r\n"); r != "END\r\n" {
+		t.Errorf("get of a key no zone holds: %q", r)
+	}
+	if !waitFor(2*time.Second, func() bool { return counterWith(t, reg, "mcsidecar_zone_fills_total", "result", "stored") == 2 }) {
+		t.Errorf("fills stored: %v, want 2", counterWith(t, reg, "mcsidecar_zone_fills_total", "result", "stored"))
+	}
+	for _, result := range []string{"not_stored", "failed"} {
+		if got := counterWith(t, reg, "mcsidecar_zone_fills_total", "result", result); got != 0 {
+			t.Errorf("fills %s: %v, want 0", result, got)
+		}
+	}
+}
+
+// TestZoneDeleteReachesEveryZone sets a key through one zone's sidecar and
+// deletes it through another's: every zone has it, then none does.
+func TestZoneDeleteReachesEveryZone(t *testing.T) {
+	zones := [][]string{startZone(t, 2), startZone(t, 2), startZone(t, 2)}
+	entries := []string{zoneEntry("a", zones[0]), zoneEntry("b", zones[1]), zoneEntry("c", zones[2])}
+	_, sidecarA := startProxy(t, zonedConfig("a", entries...))
+	_, sidecarB := startProxy(t, zonedConfig("b", entries...))
+
+	const key, data = "everywhere", "in every zone"
+	if r := newLineClient(t, sidecarA).do(setReq("set", key, data)); r != "STORED\r\n" {
+		t.Fatalf("set through zone a's sidecar: %q", r)
+	}
+	for z, servers := range zones {
+		if _, d, ok := inZone(t, servers, key); !ok || d != data {
+			t.Errorf("after the set, zone %d has %q (%v), want %q", z, d, ok, data)
+		}
+	}
+	if r := newLineClient(t, sidecarB).do("delete " + key + "\r\n"); r != "DELETED\r\n" {
+		t.Fatalf("delete through zone b's sidecar: %q", r)
+	}
+	for z, servers := range zones {
+		if _, d, ok := inZone(t, servers, key); ok {
+			t.Errorf("after the delete, zone %d still has %q", z, d)
+		}
+	}
+	if r := newLineClient(t, sidecarA).do("get " + key + "\r\n"); r != "END\r\n" {
+		t.Errorf("get through zone a's sidecar after the delete: %q", r)
+	}
+}
+
+// TestZoneDownKeepsServing kills both servers of zone a: its sidecar still
+// reads every key from the other zones, and still takes writes.
+func TestZoneDownKeepsServing(t *testing.T) {
+	var a []string
+	var kills []func()
+	for range 2 {
+		addr, kill := startKillableMemcached(t)
+		a, kills = append(a, addr), append(kills, kill)
+	}
+	b, c := startZone(t, 2), startZone(t, 2)
+	cfg := zonedConfig("a", zoneEntry("a", a), zoneEntry("b", b), zoneEntry("c", c))
+	cfg.Timeout = 100 * time.Millisecond
+	cfg.ConnectTimeout = 100 * time.Millisecond
+	cfg.FailureLimit = 3
+	cfg.RetryInterval = 200 * time.Millisecond
+	p, addr := startProxy(t, cfg)
+	reg := registry(t, p)
+	sidecar := newLineClient(t, addr)
+
+	keys, values := zoneWorkload(50)
+	for i, k := range keys {
+		if r := sidecar.do(setReq("set", k, values[i])); r != "STORED\r\n" {
+			t.Fatalf("set %s: %q", k, r)
+		}
+	}
+	for _, kill := range kills {
+		kill()
+	}
+
+	start := time.Now()
+	for i, k := range keys {
+		if r := sidecar.do("get " + k + "\r\n"); r != valueReply(k, 0, values[i]) {
+			t.Fatalf("get %s with zone a down: %q", k, short(r))
+		}
+	}
+	if r := sidecar.do(setReq("set", keys[0], "written with zone a down")); r != "STORED\r\n" {
+		t.Fatalf("set with zone a down: %q", r)
+	}
+	if r := sidecar.do("get " + keys[0] + "\r\n"); r != valueReply(keys[0], 0, "written with zone a down") {
+		t.Fatalf("get after the set with zone a down: %q", short(r))
+	}
+	// Nothing waits for a timeout: the dead servers refuse connections,
+	// then are ejected.
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("serving with zone a down took %v", d)
+	}
+	for _, z := range [][]string{b, c} {
+		if _, d, ok := inZone(t, z, keys[0]); !ok || d != "written with zone a down" {
+			t.Errorf("zone %v has %q (%v) after the set", z, d, ok)
+		}
+	}
+	n := float64(len(keys))
+	if got := counterWith(t, reg, "mcsidecar_zone_reads_total", "zone", "a", "local", "true", "result", "error"); got != n+1 {
+		t.Errorf("zone a read errors: %v, want %v", got, n+1)
+	}
+	if got := counterWith(t, reg, "mcsidecar_zone_reads_total", "zone", "b", "local", "false", "result", "hit"); got != n+1 {
+		t.Errorf("zone b hits: %v, want %v", got, n+1)
+	}
+	if got := counterWith(t, reg, "mcsidecar_zone_write_failures_total", "zone", "a"); got != 1 {
+		t.Errorf("zone a write failures: %v, want 1 (the set)", got)
+	}
+	if got := counterWith(t, reg, "mcsidecar_zone_fills_total", "result", "stored"); got != 0 {
+		t.Errorf("fills stored into a dead zone: %v", got)
+	}
+}
+
+// TestZoneSemantics checks how each kind of write keeps two zones in line,
+// and that --zone-writes=local keeps writes in the local zone.
+func TestZoneSemantics(t *testing.T) {
+	a, b := startZone(t, 2), startZone(t, 2)
+	entries := []string{zoneEntry("a", a), zoneEntry("b", b)}
+	_, addrA := startProxy(t, zonedConfig("a", entries...))
+	_, addrB := startProxy(t, zonedConfig("b", entries...))
+	sidecarA, sidecarB := newLineClient(t, addrA), newLineClient(t, addrB)
+	inBoth := func(what, key, want string) {
+		t.Helper()
+		for name, z := range map[string][]string{"a": a, "b": b} {
+			if _, d, ok := inZone(t, z, key); !ok || d != want {
+				t.Errorf("%s: zone %s has %q (%v), want %q", what, name, d, ok, want)
+			}
+		}
+	}
+
+	t.Run("add", func(t *testing.T) {
+		if r := sidecarA.do(setReq("add", "added", "first")); r != "STORED\r\n" {
+			t.Fatalf("add: %q", r)
+		}
+		inBoth("add", "added", "first")
+		if r := sidecarA.do(setReq("add", "added", "second")); r != "NOT_STORED\r\n" {
+			t.Fatalf("second add: %q", r)
+		}
+		inBoth("refused add", "added", "first")
+	})
+
+	t.Run("cas", func(t *testing.T) {
+		if r := sidecarA.do(setReq("set", "swapped", "old")); r != "STORED\r\n" {
+			t.Fatalf("set: %q", r)
+		}
+		f := strings.Fields(sidecarA.do("gets swapped\r\n"))
+		if len(f) < 5 || f[0] != "VALUE" {
+			t.Fatalf("gets: %q", f)
+		}
+		cas := f[4]
+		if r := sidecarA.do(fmt.Sprintf("cas swapped 0 0 3 %s\r\nnew\r\n", cas)); r != "STORED\r\n" {
+			t.Fatalf("cas with the CAS from gets: %q", r)
+		}
+		inBoth("cas", "swapped", "new")
+		if r := sidecarA.do(fmt.Sprintf("cas swapped 0 0 5 %s\r\nstale\r\n", cas)); r != "EXISTS\r\n" {
+			t.Fatalf("cas with a stale CAS: %q", r)
+		}
+		inBoth("stale cas", "swapped", "new")
+	})
+
+	t.Run("incr", func(t *testing.T) {
+		if r := sidecarA.do(setReq("set", "counter", "10")); r != "STORED\r\n" {
+			t.Fatalf("set: %q", r)
+		}
+		inBoth("set", "counter", "10")
+		if r := sidecarA.do("incr counter 5\r\n"); r != "15\r\n" {
+			t.Fatalf("incr: %q", r)
+		}
+		if _, d, ok := inZone(t, a, "counter"); !ok || d != "15" {
+			t.Errorf("after incr zone a has %q (%v), want 15", d, ok)
+		}
+		if _, d, ok := inZone(t, b, "counter"); ok {
+			t.Errorf("after incr zone b still has %q, want it dropped", d)
+		}
+		if r := sidecarB.do("get counter\r\n"); r != valueReply("counter", 0, "15") {
+			t.Errorf("get through zone b's sidecar after incr: %q, want 15 from zone a", r)
+		}
+		if !waitFor(2*time.Second, func() bool { _, d, ok := inZone(t, b, "counter"); return ok && d == "15" }) {
+			t.Errorf("zone b was not filled with the new count")
+		}
+	})
+
+	t.Run("local writes", func(t *testing.T) {
+		cfg := zonedConfig("a", entries...)
+		cfg.ZoneWrites = zoneWritesLocal
+		_, addr := startProxy(t, cfg)
+		if r := newLineClient(t, addr).do(setReq("set", "local-only", "here")); r != "STORED\r\n" {
+			t.Fatalf("set: %q", r)
+		}
+		if _, d, ok := inZone(t, a, "local-only"); !ok || d != "here" {
+			t.Errorf("zone a has %q (%v), want here", d, ok)
+		}
+		if _, d, ok := inZone(t, b, "local-only"); ok {
+			t.Errorf("zone b has %q, want nothing with --zone-writes=local", d)
+		}
+	})
+}
+
+// TestZoneFlagsRefused checks that zone settings that cannot work are
+// refused, by Validate and by New, and that a good one is not.
+func TestZoneFlagsRefused(t *testing.T) {
+	const s1, s2, s3 = "127.0.0.1:11001", "127.0.0.1:11002", "127.0.0.1:11003"
+	good := func() Config { return zonedConfig("a", "a="+s1+","+s2, "b="+s3) }
+	for _, tc := range []struct {
+		name string
+		edit func(*Config)
+	}{
+		{"zones without --zone", func(c *Config) { c.Zone = "" }},
+		{"--zone not among the zones", func(c *Config) { c.Zone = "z" }},
+		{"--upstream and --upstream-zone", func(c *Config) { c.Upstreams = []string{s1} }},
+		{"no =", func(c *Config) { c.ZoneUpstreams[1] = "b" + s3 }},
+		{"empty name", func(c *Config) { c.ZoneUpstreams[1] = "=" + s3 }},
+		{"blank name", func(c *Config) { c.ZoneUpstreams[1] = " =" + s3 }},
+		{"no entries", func(c *Config) { c.ZoneUpstreams[1] = "b=" }},
+		{"empty entry", func(c *Config) { c.ZoneUpstreams[1] = "b=" + s3 + "," }},
+		{"bad entry", func(c *Config) { c.ZoneUpstreams[1] = "b=nowhere" }},
+		{"bad port", func(c *Config) { c.ZoneUpstreams[1] = "b=127.0.0.1:0" }},
+		{"zone given twice", func(c *Config) { c.ZoneUpstreams[1] = "a=" + s3 }},
+		{"server in two zones", func(c *Config) { c.ZoneUpstreams[1] = "b=" + s2 }},
+		{"--zone without zones", func(c *Config) { c.ZoneUpstreams, c.Upstreams = nil, []string{s1} }},
+		{"bad --zone-writes", func(c *Config) { c.ZoneWrites = "some" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := good()
+			tc.edit(&cfg)
+			err := cfg.Validate()
+			if err == nil {
+				t.Fatalf("Validate accepted Zone %q ZoneUpstreams %q Upstreams %q ZoneWrites %q", cfg.Zone, cfg.ZoneUpstreams, cfg.Upstreams, cfg.ZoneWrites)
+			}
+			if p, err := New(cfg, "mcsidecar-test", nil); err == nil {
+				p.Shutdown(t.Context())
+				t.Fatalf("New accepted what Validate refused (%v)", err)
+			}
+		})
+	}
+	for _, writes := range []string{zoneWritesAll, zoneWritesLocal} {
+		cfg := good()
+		cfg.ZoneWrites = writes
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("a good zone configuration with --zone-writes=%s: %v", writes, err)
+		}
+	}
+	cfg := good()
+	cfg.Zone = "b"
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("a sidecar of the last zone: %v", err)
+	}
+}
+
+// TestMemccapableOverZones runs libmemcached's compliance checker against
+// a sidecar of zone a over two zones; it must pass 27 of 27.
+func TestMemccapableOverZones(t *testing.T) {
+	spare := startMemcached(t) // zone b when there is one server to split
+	runMemccapable(t, func(ups ...string) Config {
+		if len(ups) == 1 {
+			return zonedConfig("a", zoneEntry("a", ups), zoneEntry("b", []string{spare}))
+		}
+		half := (len(ups) + 1) / 2
+		return zonedConfig("a", zoneEntry("a", ups[:half]), zoneEntry("b", ups[half:]))
+	})
+}
