@@ -31,12 +31,9 @@ func (c *conn) arithmetic(w [][]byte, incr bool) error {
 	}
 	k := string(up)
 	if bound || c.envelopes(key, 0) {
-		srv, z := c.decidingServer(k)
-		err := c.arithmeticEnveloped(id, srv, k, key, bound, incr, delta)
-		if c.changed {
-			c.alignDelete(z, k)
-		}
-		return err
+		return c.modifyInZones(k, func(srv *server) error {
+			return c.arithmeticEnveloped(id, srv, k, key, bound, incr, delta)
+		})
 	}
 	verb := "decr "
 	if incr {

@@ -60,6 +60,7 @@ func newGetCall() *getCall { return &getCall{done: make(chan signal, 1)} }
 // reset empties the call for the next request.
 func (c *getCall) reset() {
 	c.req, c.data, c.replies = nil, nil, 0
+	c.reply = c.reply[:0]
 	c.keys = c.keys[:0]
 	c.items = c.items[:0]
 	if cap(c.arena) > arenaKeep {

@@ -47,16 +47,18 @@ type conn struct {
 	// asked is how many zones the last retrieval asked, the local one
 	// included: the calls of the others are left from earlier ones.
 	asked int
-	// changed reports that the last read-modify-write stored its value.
-	changed  bool
-	fillBuf  []byte // the fills of a read, before they are grouped
-	alignReq []byte // the set or delete that brings other zones in line
-	req      []byte // a command's line, as sent upstream
-	keys     []string
-	owners   []keyOwner
-	seen     map[string]keyOwner // keys already grouped in this request
-	used     []bool
-	scratch  []byte
+	// changed reports that the last read-modify-write stored its value;
+	// with quietMiss set, one that finds no item answers nothing and sets
+	// missed, so that the next zone can be asked.
+	changed, quietMiss, missed bool
+	fillBuf                    []byte // the fills of a read, before they are grouped
+	alignReq                   []byte // the set or delete that brings other zones in line
+	req                        []byte // a command's line, as sent upstream
+	keys                       []string
+	owners                     []keyOwner
+	seen                       map[string]keyOwner // keys already grouped in this request
+	used                       []bool
+	scratch                    []byte
 
 	// Values of enveloped items: the envelope being written, the value
 	// decoded, a value being rebuilt (append, incr…), an item read for

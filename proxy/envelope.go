@@ -209,6 +209,10 @@ func (c *conn) readModifyWrite(id int, srv *server, k string, key []byte, bind b
 		if err != nil {
 			return c.upstreamError(id, srv, err)
 		}
+		if !found && c.quietMiss {
+			c.missed = true
+			return nil
+		}
 		if !found {
 			c.p.stats.record(id, missingOutcome)
 			c.reply(missing)

@@ -72,12 +72,9 @@ func (c *conn) store(id int, w [][]byte) error {
 	}
 	value, flags := data[:vlen], a.flags
 	if enveloped && join {
-		srv, z := c.decidingServer(k)
-		err := c.joinEnveloped(id, srv, k, c.keyBuf, bound, value)
-		if c.changed {
-			c.alignDelete(z, k)
-		}
-		return err
+		return c.modifyInZones(k, func(srv *server) error {
+			return c.joinEnveloped(id, srv, k, c.keyBuf, bound, value)
+		})
 	}
 	if enveloped {
 		value, flags = c.encode(c.keyBuf, bound, a.flags, value)
@@ -89,9 +86,12 @@ func (c *conn) store(id int, w [][]byte) error {
 	var line []byte
 	var srv *server
 	z := 0 // the zone whose reply answers
-	if id == cmdSet {
+	switch id {
+	case cmdSet:
 		line, srv, err = c.sendEvery(k, c.req, value)
-	} else {
+	case cmdAdd:
+		line, srv, err = c.sendAdd(k, c.req, value)
+	default:
 		line, z, srv, err = c.sendDeciding(k, c.req, value)
 	}
 	if err != nil {
@@ -105,7 +105,7 @@ func (c *conn) store(id int, w [][]byte) error {
 			tenant.written.Add(uint64(len(value)))
 		}
 		switch id {
-		case cmdAdd, cmdReplace, cmdCas:
+		case cmdReplace, cmdCas:
 			c.alignReq = appendStorage(c.alignReq[:0], "set", k, flags, a.exptime, len(value), 0, false)
 			c.alignZones(z, k, c.alignReq, value)
 		case cmdAppend, cmdPrepend:

@@ -25,15 +25,17 @@ import (
 //   - With --zone-writes=all a write reaches every zone and the local
 //     zone's reply answers the client; when the local zone fails, the
 //     first zone that answered does, so the sidecar keeps taking writes.
-//     set, delete, touch and flush_all go to every zone at once. add,
-//     replace and cas depend on the item already there: the first zone
-//     that answers decides, and when it stored, the others get a set of
-//     the same value. append, prepend, incr and decr change the value in
-//     place: the deciding zone applies them, and when it did, the others
-//     drop their copy, to be filled again from a zone that has the new
-//     value. A copy can thus be missing in a zone, never older than the
-//     deciding zone's, except across a write that failed in a zone
-//     (counted in mcsidecar_zone_write_failures_total).
+//     A zone may lack a copy another holds (dropped, not yet filled), so
+//     no write is decided by a missing copy. set, delete, touch and
+//     flush_all go to every zone at once. add goes to every zone too,
+//     and stores only if no zone held the key. replace, cas, append,
+//     prepend, incr and decr go zone after zone until one takes them;
+//     then the others get a set of the value stored (replace, cas) or
+//     drop their copy (the others, which change the value in place), to
+//     be filled from the deciding zone. A copy can thus be missing in a
+//     zone, never older than the deciding zone's, except across a write
+//     that failed in a zone (counted in
+//     mcsidecar_zone_write_failures_total).
 const (
 	zoneWritesAll   = "all"
 	zoneWritesLocal = "local"
@@ -457,10 +459,15 @@ func (c *conn) sendEvery(k string, req, data []byte) (line []byte, srv *server, 
 	return r.line, r.srv, r.err
 }
 
-// sendDeciding runs a write whose result depends on the item already
-// there (add, replace, cas, append, prepend, incr, decr) on the first zone
-// that answers, the local one first. It returns that zone's reply, the
-// zone and its server; when none answers, the local server and its error.
+// sendDeciding runs a write that takes only where the item is as the
+// client expects it (replace, cas, append, prepend, incr, decr) on the
+// zones in order, the local one first, until one takes it: a zone may
+// lack a copy another has (dropped after an incr, not yet filled), and a
+// cas token may come from the zone that answered a gets. It returns the
+// reply of the zone that took it, with the zone and its server. When none
+// does, the reply is the first zone's that answered (EXISTS if any zone
+// said so); when none answered, the local server and its error. A refusal
+// of the request itself (CLIENT_ERROR, SERVER_ERROR) ends the search.
 func (c *conn) sendDeciding(k string, req, data []byte) (line []byte, z int, srv *server, err error) {
 	if c.zs == nil {
 		srv = c.up.servers[c.serverFor(k)]
@@ -468,35 +475,114 @@ func (c *conn) sendDeciding(k string, req, data []byte) (line []byte, z int, srv
 		return line, 0, srv, err
 	}
 	rehash := c.p.cfg.EjectRehash
-	var first error
+	answer := -1 // the zone whose reply answers when none takes the write
+	var firstErr error
 	var firstSrv *server
 	for z := range c.zs {
 		srv, line, err = c.zs[z].send(k, rehash, req, data)
 		if writeFailed(line, err) {
 			c.p.zones[z].writeFailures.Add(1)
 		}
-		if err == nil {
-			return line, z, srv, nil
+		if err != nil {
+			if z == 0 {
+				firstErr, firstSrv = err, srv
+			}
+			continue
 		}
-		if z == 0 {
-			first, firstSrv = err, srv
+		switch replyOutcome(line) {
+		case outcomeStored, outcomeOK, outcomeClientError, outcomeUpstreamError:
+			return line, z, srv, nil
+		case outcomeExists:
+			answer = z
+		default: // NOT_FOUND, NOT_STORED
+			if answer < 0 {
+				answer = z
+			}
 		}
 	}
-	return nil, 0, firstSrv, first
+	if answer < 0 {
+		return nil, 0, firstSrv, firstErr
+	}
+	zc := &c.zs[answer]
+	return zc.cmd.reply, answer, zc.up.servers[zc.up.pick(k, rehash)], nil
 }
 
-// decidingServer returns, for a read-modify-write of key k, its server in
-// the first zone where that server is not ejected, and the zone.
-func (c *conn) decidingServer(k string) (*server, int) {
+// sendAdd runs an add on every zone at once. It stores only if no zone
+// holds the key: when one does, the client gets its NOT_STORED, and the
+// copies this add created in the other zones are deleted again (they will
+// be filled from the zone that had the key). With --zone-writes=local it
+// is the local zone's add, or the first zone's that answers.
+func (c *conn) sendAdd(k string, req, data []byte) (line []byte, srv *server, err error) {
 	if c.zs == nil {
-		return c.up.servers[c.serverFor(k)], 0
+		srv = c.up.servers[c.serverFor(k)]
+		line, err = c.send(srv, req, data)
+		return line, srv, err
 	}
-	for z, zc := range c.zs {
-		if srv := zc.up.servers[zc.up.pick(k, c.p.cfg.EjectRehash)]; !srv.health.down.Load() {
-			return srv, z
+	if c.p.cfg.ZoneWrites == zoneWritesLocal {
+		for z := range c.zs {
+			if srv, line, err = c.zs[z].send(k, c.p.cfg.EjectRehash, req, data); err == nil {
+				return line, srv, nil
+			}
+			c.p.zones[z].writeFailures.Add(1)
+		}
+		return line, srv, err
+	}
+	line, srv, err = c.sendEvery(k, req, data)
+	if err != nil {
+		return line, srv, err
+	}
+	held := -1
+	for z := range c.zs {
+		if bytes.Equal(c.zs[z].cmd.reply, replyNotStored) {
+			held = z
+			break
 		}
 	}
-	return c.up.servers[c.serverFor(k)], 0
+	if held < 0 {
+		return line, srv, nil
+	}
+	for z := range c.zs {
+		if bytes.Equal(c.zs[z].cmd.reply, replyStored) {
+			c.alignReq = appendKeyCommand(c.alignReq[:0], "delete ", k, nil)
+			c.zs[z].send(k, c.p.cfg.EjectRehash, c.alignReq, nil)
+		}
+	}
+	zc := &c.zs[held]
+	return zc.cmd.reply, zc.up.servers[zc.up.pick(k, c.p.cfg.EjectRehash)], nil
+}
+
+// modifyInZones runs the read-modify-write of an enveloped item (append,
+// prepend, incr, decr) with rmw on key k's server in the first zone whose
+// server is not ejected; when the item is missing there, in the next zone
+// that has one, and so on: the same search as sendDeciding. The zone that
+// changed the item decides, and the others drop their copy.
+func (c *conn) modifyInZones(k string, rmw func(srv *server) error) error {
+	if c.zs == nil {
+		return rmw(c.up.servers[c.serverFor(k)])
+	}
+	rehash := c.p.cfg.EjectRehash
+	var zones []int
+	for z, zc := range c.zs {
+		if !zc.up.servers[zc.up.pick(k, rehash)].health.down.Load() {
+			zones = append(zones, z)
+		}
+	}
+	if len(zones) == 0 {
+		zones = append(zones, 0)
+	}
+	defer func() { c.quietMiss = false }()
+	for i, z := range zones {
+		zc := &c.zs[z]
+		c.quietMiss, c.missed = i < len(zones)-1, false
+		err := rmw(zc.up.servers[zc.up.pick(k, rehash)])
+		if err != nil || !c.missed {
+			if c.changed {
+				c.alignDelete(z, k)
+			}
+			return err
+		}
+	}
+	return nil
 }
 
 // alignZones brings key k in every zone but the deciding one, z, in line

@@ -544,6 +544,88 @@ func TestZoneSemantics(t *testing.T) {
 		}
 	})
 
+	// A zone may lack a copy that another holds: the write is decided
+	// by a zone that has it.
+	t.Run("incr through a zone without the copy", func(t *testing.T) {
+		sidecarA.do(setReq("set", "counted", "10"))
+		if r := sidecarA.do("incr counted 5\r\n"); r != "15\r\n" {
+			t.Fatalf("incr through a: %q", r)
+		}
+		// Zone b's copy is gone: its sidecar still counts on.
+		if r := sidecarB.do("incr counted 1\r\n"); r != "16\r\n" {
+			t.Fatalf("incr through b: %q, want 16", r)
+		}
+		if r := sidecarA.do("get counted\r\n"); r != valueReply("counted", 0, "16") {
+			t.Errorf("get through a: %q, want 16", r)
+		}
+	})
+
+	t.Run("add through a zone without the copy", func(t *testing.T) {
+		sidecarA.do(setReq("set", "joined", "base"))
+		if r := sidecarA.do(setReq("append", "joined", "+x")); r != "STORED\r\n" {
+			t.Fatalf("append: %q", r)
+		}
+		if r := sidecarB.do(setReq("add", "joined", "other")); r != "NOT_STORED\r\n" {
+			t.Fatalf("add through b of a key zone a holds: %q, want NOT_STORED", r)
+		}
+		for _, sc := range []*lineClient{sidecarA, sidecarB} {
+			if r := sc.do("get joined\r\n"); r != valueReply("joined", 0, "base+x") {
+				t.Errorf("get: %q, want base+x", r)
+			}
+		}
+	})
+
+	t.Run("cas with the token of another zone", func(t *testing.T) {
+		// Zone b's CAS counter runs ahead of zone a's.
+		for i := range 5 {
+			directSet(t, ownerOf(t, b, "tokened"), fmt.Sprintf("filler%d", i), 0, 0, "x")
+		}
+		directSet(t, ownerOf(t, b, "tokened"), "tokened", 3, 0, "v1")
+		f := strings.Fields(sidecarA.do("gets tokened\r\n"))
+		if len(f) < 5 || f[0] != "VALUE" {
+			t.Fatalf("gets: %q", f)
+		}
+		// The hit was filled into zone a, with a CAS of its own; the
+		// client's token is zone b's.
+		waitFor(2*time.Second, func() bool { _, _, ok := inZone(t, a, "tokened"); return ok })
+		if r := sidecarA.do(fmt.Sprintf("cas tokened 3 0 2 %s\r\nv2\r\n", f[4])); r != "STORED\r\n" {
+			t.Fatalf("cas with zone b's token: %q, want STORED", r)
+		}
+		inBoth("cas", "tokened", "v2")
+	})
+
+	// Enveloped items are changed by a read-modify-write, which looks
+	// for the item zone after zone the same way.
+	t.Run("enveloped incr and append through a zone without the copy", func(t *testing.T) {
+		enveloped := func(local string) *lineClient {
+			cfg := zonedConfig(local, entries...)
+			cfg.Codec = codecConfig()
+			cfg.EnvelopeAll = true
+			_, addr := startProxy(t, cfg)
+			return newLineClient(t, addr)
+		}
+		ea, eb := enveloped("a"), enveloped("b")
+		ea.do(setReq("set", "ecount", "10"))
+		if r := ea.do("incr ecount 5\r\n"); r != "15\r\n" {
+			t.Fatalf("incr through a: %q", r)
+		}
+		if _, _, ok := inZone(t, b, "ecount"); ok {
+			t.Fatalf("zone b kept its copy after the incr")
+		}
+		if r := eb.do("incr ecount 1\r\n"); r != "16\r\n" {
+			t.Fatalf("incr through b: %q, want 16", r)
+		}
+		if r := eb.do(setReq("append", "ecount", "!")); r != "STORED\r\n" {
+			t.Fatalf("append through b: %q", r)
+		}
+		if r := ea.do("get ecount\r\n"); r != valueReply("ecount", 0, "16!") {
+			t.Errorf("get through a: %q, want 16!", r)
+		}
+		if r := eb.do("incr nowhere 1\r\n"); r != "NOT_FOUND\r\n" {
+			t.Errorf("incr of a key no zone holds: %q", r)
+		}
+	})
+
 	t.Run("local writes", func(t *testing.T) {
 		cfg := zonedConfig("a", entries...)
 		cfg.ZoneWrites = zoneWritesLocal
