@@ -27,7 +27,8 @@ type Config struct {
 	// Presets names the built-in schemes that are on: preset names, the
 	// groups mimir, thanos, cortex, bucket and results, all, or none.
 	Presets []string
-	// Schemes holds user-defined schemes, NAME[+postings]=PATTERN each.
+	// Schemes holds user-defined schemes, NAME[+postings][+immutable]=PATTERN
+	// each.
 	Schemes []string
 
 	// TestHashChars, when not zero, cuts every hash the rewrite emits (tenant
@@ -43,7 +44,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.MaxLength, "key-max-length", upstreamMaxLength, "longest key sent upstream; longer keys, and keys holding a control byte or DEL, are rewritten by hashing their tenant-bearing segments first (64 to 250)")
 	fs.IntVar(&c.MaxClientLength, "key-max-client-length", 2000, "longest key a client may send; longer or empty keys get CLIENT_ERROR (keeps a command line inside memcached's 2048-byte framing)")
 	fs.StringSliceVar(&c.Presets, "key-schemes", []string{"all"}, "built-in key schemes that are on: preset names (mimir-p2, thanos-p, …), groups (mimir, thanos, cortex, bucket, results), all or none")
-	fs.StringArrayVar(&c.Schemes, "key-scheme", nil, "user key scheme, repeatable: NAME[+postings]=PATTERN with placeholders {tenant} {tenants} {ulid} {} {1}..{9}, e.g. 'loki-idx=IDX:{tenant}:{ulid}:{1}'; tried before the built-in schemes")
+	fs.StringArrayVar(&c.Schemes, "key-scheme", nil, "user key scheme, repeatable: NAME[+postings][+immutable]=PATTERN (+postings: values are postings lists, compressed and verified; +immutable: a value never changes once written, so the local tier may keep it) with placeholders {tenant} {tenants} {ulid} {} {1}..{9}, e.g. 'loki-idx=IDX:{tenant}:{ulid}:{1}'; tried before the built-in schemes")
 }
 
 // Validate reports the first setting that cannot work.
@@ -82,6 +83,9 @@ func (c *Config) compile() ([]*pattern, error) {
 		if prev, ok := users[s.Name]; ok {
 			if prev.Postings != s.Postings {
 				return nil, fmt.Errorf("--key-scheme %q: scheme %s is given both with and without +postings", def, s.Name)
+			}
+			if prev.Immutable != s.Immutable {
+				return nil, fmt.Errorf("--key-scheme %q: scheme %s is given both with and without +immutable", def, s.Name)
 			}
 			s = prev
 		}

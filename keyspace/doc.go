@@ -76,13 +76,14 @@
 // A scheme is a name and one or more patterns. The flag --key-scheme adds
 // one pattern, in the form
 //
-//	NAME[+postings]=PATTERN
+//	NAME[+postings][+immutable]=PATTERN
 //
 // NAME is 1 to 40 characters of a-z, 0-9, '-', '_' and '.'; giving it again
 // adds another pattern to the same scheme. It cannot be the name of a
 // built-in scheme or "none". +postings says the values stored under the
 // scheme's keys are postings lists, which the value codec compresses and
-// verifies. PATTERN is literal text and placeholders:
+// verifies; +immutable says a value stored under one of them never changes
+// once written, so the sidecar's local tier may keep it. PATTERN is literal text and placeholders:
 //
 //	{tenant}    the tenant segment; hashed from step 1 on
 //	{tenants}   the same, and must hold a '|' (tenants joined for a
@@ -134,6 +135,11 @@
 //	bucket                 V:{ulid}/{1}  V:{tenant}/{ulid}/{1}  V:{tenant}/{1}
 //	                       for V in content, exists, attrs, subrange, iter
 //	results                {tenants}:{1}  {}:{tenants}:{1}  {}:{tenants}
+//
+// Every mimir and thanos scheme is immutable (keyed by an immutable
+// block), and so are the bucket patterns subrange:{ulid}/{1} and
+// subrange:{tenant}/{ulid}/{1} (byte ranges of block files); the other
+// bucket keys and the results keys are not.
 //
 // Mimir's "P:" (tenant, then block) and Thanos's "P:" (block first) share a
 // prefix and are told apart by shape: the Mimir patterns want a ULID in the

@@ -76,6 +76,15 @@ func (k *Keyspace) SchemeOf(key []byte) (Scheme, bool) {
 	return Scheme{}, false
 }
 
+// Immutable reports whether the value stored under key never changes: the
+// first pattern it matches is of an immutable scheme, or one marked so. A
+// key no scheme matches is not. It allocates nothing.
+func (k *Keyspace) Immutable(key []byte) bool {
+	var m match
+	p := k.find(key, &m)
+	return p != nil && p.immutable
+}
+
 // find returns the first pattern key matches, with its segments in m.
 func (k *Keyspace) find(key []byte, m *match) *pattern {
 	if len(key) == 0 {

@@ -23,6 +23,13 @@ type preset struct {
 // while a Mimir tenant may well look like a ULID; trying Mimir first reads
 // both kinds right. Within a scheme, a precise pattern comes before the
 // catch-all that hashes the whole tail.
+//
+// Every index-cache kind of Mimir and Thanos is keyed by an immutable block
+// (its ULID): the value stored under such a key never changes, and those
+// schemes are immutable. The caching bucket's keys are not, but for its
+// byte ranges of an object inside a block (subrange:<ulid>/…), which is
+// immutable too; its other verbs read objects that do change (deletion
+// marks, bucket indexes, listings). Results-cache keys change.
 var presetDefs = []struct {
 	name, group string
 	postings    bool
@@ -75,17 +82,22 @@ func bucketPatterns(verbs ...string) []string {
 // is a programming error caught by every test run.
 var presets, presetByName = buildPresets()
 
+// immutablePatterns are the patterns of mutable built-in schemes whose
+// keys name an immutable object all the same: byte ranges of block files.
+var immutablePatterns = map[string]bool{"subrange:{ulid}/{1}": true, "subrange:{tenant}/{ulid}/{1}": true}
+
 func buildPresets() ([]*preset, map[string]*preset) {
 	var list []*preset
 	byName := map[string]*preset{}
 	for _, d := range presetDefs {
-		ps := &preset{name: d.name, group: d.group, scheme: &Scheme{Name: d.name, Postings: d.postings}}
+		immutable := d.group == "mimir" || d.group == "thanos"
+		ps := &preset{name: d.name, group: d.group, scheme: &Scheme{Name: d.name, Postings: d.postings, Immutable: immutable}}
 		for _, text := range d.patterns {
 			p, err := parsePattern(text)
 			if err != nil {
 				panic(fmt.Sprintf("keyspace: preset %s: %v", d.name, err))
 			}
-			p.scheme = ps.scheme
+			p.scheme, p.immutable = ps.scheme, immutable || immutablePatterns[text]
 			ps.patterns = append(ps.patterns, p)
 		}
 		list = append(list, ps)

@@ -20,6 +20,10 @@ type Scheme struct {
 	// Postings is true when the values stored under the scheme's keys are
 	// postings-bearing, which the value codec compresses and verifies.
 	Postings bool
+	// Immutable is true when a value stored under one of the scheme's
+	// keys never changes: the sidecar's local tier may keep it. A built-in
+	// scheme may also mark only some of its patterns (see presets.go).
+	Immutable bool
 }
 
 // holeKind says what a placeholder matches and when the rewrite hashes it.
@@ -50,6 +54,7 @@ type part struct {
 // pattern is one parsed scheme pattern.
 type pattern struct {
 	scheme     *Scheme
+	immutable  bool // values under the keys it matches never change
 	text       string
 	parts      []part
 	holes      int
@@ -68,28 +73,35 @@ type match struct {
 	checked, keepOK uint16
 }
 
-// parseSchemeFlag parses NAME[+postings]=PATTERN.
+// parseSchemeFlag parses NAME[+postings][+immutable]=PATTERN.
 func parseSchemeFlag(def string) (*Scheme, *pattern, error) {
 	head, text, ok := strings.Cut(def, "=")
 	if !ok {
-		return nil, nil, errors.New("want NAME[+postings]=PATTERN")
+		return nil, nil, errors.New("want NAME[+postings][+immutable]=PATTERN")
 	}
 	s := &Scheme{}
-	if name, opt, ok := strings.Cut(head, "+"); ok {
-		if opt != "postings" {
-			return nil, nil, fmt.Errorf("unknown option +%s (only +postings)", opt)
+	name, opts, _ := strings.Cut(head, "+")
+	for opts != "" {
+		var opt string
+		opt, opts, _ = strings.Cut(opts, "+")
+		switch opt {
+		case "postings":
+			s.Postings = true
+		case "immutable":
+			s.Immutable = true
+		default:
+			return nil, nil, fmt.Errorf("unknown option +%s (+postings and +immutable are known)", opt)
 		}
-		head, s.Postings = name, true
 	}
-	if err := checkName(head); err != nil {
+	if err := checkName(name); err != nil {
 		return nil, nil, err
 	}
-	s.Name = head
+	s.Name = name
 	p, err := parsePattern(text)
 	if err != nil {
 		return nil, nil, err
 	}
-	p.scheme = s
+	p.scheme, p.immutable = s, s.Immutable
 	return s, p, nil
 }
 

@@ -142,12 +142,14 @@ func TestValidateNamesTheBadSetting(t *testing.T) {
 		{"client limit beyond the request line", func(c *Config) { c.MaxClientLength = 2 << 20 }, "--key-max-client-length"},
 		{"unknown preset", func(c *Config) { c.Presets = []string{"mimir-p3"} }, "unknown scheme"},
 		{"none with others", func(c *Config) { c.Presets = []string{"none", "mimir"} }, "none"},
-		{"scheme without =", func(c *Config) { c.Schemes = []string{"abc"} }, "NAME[+postings]=PATTERN"},
+		{"scheme without =", func(c *Config) { c.Schemes = []string{"abc"} }, "NAME[+postings][+immutable]=PATTERN"},
 		{"unknown option", func(c *Config) { c.Schemes = []string{"a+zip=A{tenant}"} }, "+zip"},
 		{"bad name", func(c *Config) { c.Schemes = []string{"A B=A{tenant}"} }, "scheme name"},
 		{"preset name", func(c *Config) { c.Schemes = []string{"mimir-p2=A{tenant}"} }, "reserved"},
 		{"reserved name none", func(c *Config) { c.Schemes = []string{"none=A{tenant}"} }, "reserved"},
 		{"postings disagree", func(c *Config) { c.Schemes = []string{"a+postings=A{tenant}", "a=B{tenant}"} }, "+postings"},
+		{"immutable disagree", func(c *Config) { c.Schemes = []string{"a+immutable=A{tenant}", "a=B{tenant}"} }, "+immutable"},
+		{"unknown option", func(c *Config) { c.Schemes = []string{"a+forever=A{tenant}"} }, "+forever"},
 		{"empty pattern", func(c *Config) { c.Schemes = []string{"a="} }, "no placeholder"},
 		{"literal only", func(c *Config) { c.Schemes = []string{"a=abc"} }, "no placeholder"},
 		{"unknown placeholder", func(c *Config) { c.Schemes = []string{"a=A:{user}"} }, "unknown placeholder"},
@@ -210,5 +212,44 @@ func TestTenantIsTheSchemesTenantSegment(t *testing.T) {
 	key := []byte("P2:" + t150 + ":" + blockA + ":am9iOmFwaQ")
 	if n := testing.AllocsPerRun(100, func() { k.Tenant(key) }); n != 0 {
 		t.Errorf("Tenant: %v allocations", n)
+	}
+}
+
+func TestImmutableKeys(t *testing.T) {
+	k := newKeyspace(t, func(c *Config) {
+		c.Schemes = []string{"loki-chunks+immutable=LC:{tenant}:{ulid}:{1}", "loki-meta=LM:{tenant}:{1}"}
+	})
+	for key, want := range map[string]bool{
+		// Block-scoped index-cache kinds of Mimir and Thanos.
+		"P2:tenant:" + blockA + ":am9i":                 true,
+		"S:tenant:" + blockA + ":12345":                 true,
+		"E2:tenant:" + blockA + ":aGFzaA:all":           true,
+		"SP2:tenant:" + blockA + ":all:aGFzaA":          true,
+		"LN:tenant:" + blockA + ":aGFzaA":               true,
+		"LV2:tenant:" + blockA + ":job:aGFzaA":          true,
+		"C:tenant:" + blockA + ":1024:10":               true,
+		"P:" + blockA + ":aGFzaA:dss":                   true,
+		"EP:" + blockA + ":aGFzaA:dss":                  true,
+		"S:" + blockA + ":42":                           true,
+		"subrange:" + blockA + "/chunks/000001:0:16000": true,
+		"subrange:tenant/" + blockA + "/index:0:100":    true,
+		// Objects that change: marks, indexes, listings, results.
+		"content:tenant/" + blockA + "/deletion-mark.json":  false,
+		"exists:tenant/" + blockA + "/no-compact-mark.json": false,
+		"iter:tenant/:cfg":                          false,
+		"attrs:tenant/bucket-index.json.gz":         false,
+		"subrange:tenant/bucket-index.json.gz:0:10": false,
+		"1@QS:team_a|team_b:query":                  false,
+		"no scheme matches this key":                false,
+		// User schemes say so themselves.
+		"LC:tenant:" + blockA + ":x": true,
+		"LM:tenant:x":                false,
+	} {
+		if got := k.Immutable([]byte(key)); got != want {
+			t.Errorf("Immutable(%q) = %v, want %v", key, got, want)
+		}
+	}
+	if allocs := testing.AllocsPerRun(100, func() { k.Immutable([]byte("P2:tenant:" + blockA + ":am9i")) }); allocs != 0 {
+		t.Errorf("Immutable allocates %.0f times", allocs)
 	}
 }
