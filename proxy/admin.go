@@ -137,6 +137,19 @@ func (c *conn) flushAll(w [][]byte) error {
 		}
 		withDelay = true
 	}
+	if t := c.p.tier; t != nil {
+		t.Clear()
+		defer t.Clear()
+		if withDelay && delay > 0 {
+			// memcached drops its items when the delay runs out: so
+			// does the tier, which may have been filled meanwhile.
+			at := time.Duration(delay) * time.Second
+			if delay > maxRelativeTTL {
+				at = time.Until(time.Unix(int64(delay), 0))
+			}
+			time.AfterFunc(at, t.Clear)
+		}
+	}
 	// Every server of every zone at once (of the local zone only with
 	// --zone-writes=local). OK when every server of the local zone said
 	// so, or, when one of those failed, every server of another zone.
@@ -208,22 +221,39 @@ func (c *conn) verbosity(w [][]byte) error {
 	return nil
 }
 
-// stats answers the proxy's own counters; "stats reset" zeroes them.
-// Subcommands about memcached's memory (items, slabs, settings…) belong to
-// each upstream server and are answered ERROR.
+// stats answers the proxy's own counters; "stats reset" zeroes them,
+// "stats settings" lists the sidecar's settings and "stats conns" its
+// client connections. The sidecar holds no items in slabs of its own (its
+// items are in the upstream servers, whose stats tell about them), so
+// "stats slabs", "stats items" and "stats sizes" answer as an empty
+// memcached does. Other subcommands (detail, extstore…) are answered
+// ERROR, as memcached answers one it does not know.
 func (c *conn) stats(w [][]byte) error {
-	switch {
-	case len(w) == 1:
-		c.p.stats.record(cmdStats, outcomeOK)
+	sub := ""
+	if len(w) > 1 {
+		sub = string(w[1])
+	}
+	switch sub {
+	case "":
 		c.scratch = c.p.stats.appendStats(c.scratch[:0], c.p)
-		c.wr.Write(c.scratch)
-	case string(w[1]) == "reset":
+	case "reset":
 		c.p.stats.reset()
-		c.p.stats.record(cmdStats, outcomeOK)
-		c.reply(replyReset)
+		c.scratch = append(c.scratch[:0], replyReset...)
+	case "settings":
+		c.scratch = c.p.appendSettings(c.scratch[:0])
+	case "conns":
+		c.scratch = c.p.appendConns(c.scratch[:0])
+	case "slabs":
+		c.scratch = append(c.scratch[:0], "STAT active_slabs 0\r\nSTAT total_malloced 0\r\nEND\r\n"...)
+	case "items":
+		c.scratch = append(c.scratch[:0], replyEnd...)
+	case "sizes":
+		c.scratch = append(c.scratch[:0], "STAT sizes_status disabled\r\nEND\r\n"...)
 	default:
 		return c.clientError(cmdStats, replyError)
 	}
+	c.p.stats.record(cmdStats, outcomeOK)
+	c.wr.Write(c.scratch)
 	return nil
 }
 

@@ -100,6 +100,7 @@ func fetch(pool *rawPool, up *serverStats, r retrieval, batch []*getCall) {
 type coalescer struct {
 	pool    *rawPool
 	up      *serverStats
+	r       retrieval // how gets are asked for: gets, or mg with the TTL
 	leaders int
 	maxKeys int
 
@@ -147,7 +148,7 @@ func (co *coalescer) lead(call *getCall) {
 	co.waiting = co.waiting[n:]
 	co.mu.Unlock()
 
-	fetch(co.pool, co.up, retrieval{}, batch)
+	fetch(co.pool, co.up, co.r, batch)
 	// A batch refused because the server is ejected was never sent: it
 	// counts as an ejected error only, as in the server's own counters.
 	if keys > 0 && !errors.Is(call.err, errEjected) {

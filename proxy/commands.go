@@ -153,6 +153,7 @@ func (c *conn) dispatch(line []byte, start int) error {
 	c.useUpstreams()
 	c.lineStart = start
 	began := time.Now()
+	c.lastCmd.Store(began.UnixNano())
 	err := cmd.run(c, words)
 	if err != errNeedMore {
 		c.p.stats.latency[cmd.id].Observe(time.Since(began).Seconds())

@@ -80,6 +80,11 @@ type Config struct {
 	// client key, which needs Codec.
 	Keys *keyspace.Config
 
+	// LocalCacheSize is the memory of the local tier, which keeps values
+	// whose key scheme says they never change (see tier.go); 0 is off. It
+	// needs Keys: the schemes say which keys are immutable.
+	LocalCacheSize ByteSize
+
 	// MetricsTenants bounds the tenants with series of their own in the
 	// per-tenant metrics; 0 turns the per-tenant view off. It needs Keys:
 	// the key schemes name the tenant of a key.
@@ -123,6 +128,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.Var(&c.MaxRequestLine, "max-request-line", "longest retrieval command line (other lines follow memcached's 2048-byte framing)")
 	fs.IntVar(&c.MaxConnections, "max-connections", 4096, "most client connections at once, like memcached's -c; one more is answered \"ERROR Too many open connections\" and closed (0: no limit)")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 0, "close a client connection that completes no request, or takes none of its replies, for this long, like memcached's idle_timeout (0: never)")
+	fs.Var(&c.LocalCacheSize, "local-cache-size", "memory of the local tier, which serves values that never change (keys of a scheme marked immutable: block-scoped index-cache keys, byte ranges of block files) from the sidecar itself, counted as values, keys and bookkeeping (bytes, or with k/m/g suffix); 0 turns it off")
 	c.TLS.registerFlags(fs)
 	c.UpstreamTLS.registerFlags(fs)
 	fs.IntVar(&c.MetricsTenants, "metrics-tenants", 20, "busiest tenants with per-tenant metrics of their own (the rest are counted as \"other\"); 0: no per-tenant metrics")
@@ -175,6 +181,8 @@ func (c *Config) Validate() error {
 		return errors.New("--metrics-tenants must be between 0 and 1000")
 	case c.EnvelopeAll && c.Codec == nil:
 		return errors.New("enveloping every value needs codec settings")
+	case c.LocalCacheSize > 0 && c.Keys == nil:
+		return errors.New("--local-cache-size needs the key schemes: they say which values never change")
 	case c.Keys != nil && c.Codec == nil:
 		return errors.New("key rewriting needs codec settings: values under rewritten keys are enveloped")
 	}
@@ -235,8 +243,8 @@ func splitHostPort(s string) (host, port string, err error) {
 	return host, port, nil
 }
 
-// ByteSize is a byte count flag that also takes k and m suffixes (powers of
-// 1024), the way memcached's -I does.
+// ByteSize is a byte count flag that also takes k, m and g suffixes (powers
+// of 1024), the way memcached's -I does.
 type ByteSize int
 
 func (b *ByteSize) String() string { return strconv.Itoa(int(*b)) }
@@ -244,7 +252,7 @@ func (b *ByteSize) String() string { return strconv.Itoa(int(*b)) }
 // Type names the flag's value type in --help.
 func (b *ByteSize) Type() string { return "bytes" }
 
-// Set parses a size such as 1048576, 1024k or 1m.
+// Set parses a size such as 1048576, 1024k, 1m or 1g.
 func (b *ByteSize) Set(s string) error {
 	mult := 1
 	switch {
@@ -252,6 +260,8 @@ func (b *ByteSize) Set(s string) error {
 		mult, s = 1<<10, s[:len(s)-1]
 	case strings.HasSuffix(s, "m"), strings.HasSuffix(s, "M"):
 		mult, s = 1<<20, s[:len(s)-1]
+	case strings.HasSuffix(s, "g"), strings.HasSuffix(s, "G"):
+		mult, s = 1<<30, s[:len(s)-1]
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 0 || n > (1<<40)/mult {

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"mcsidecar/proxy/tier"
 )
 
 const (
@@ -36,7 +38,12 @@ type conn struct {
 	// buffer, for putting it back while its data block arrives.
 	lineStart int
 	busy      atomic.Bool // handling a request, not waiting for one
-	wakeMu    sync.Mutex  // orders wakeIfIdle against markBusy
+	// id numbers the connection for "stats conns"; accepted and lastCmd
+	// are when it was accepted and began its last command (Unix ns).
+	id       uint64
+	accepted int64
+	lastCmd  atomic.Int64
+	wakeMu   sync.Mutex // orders wakeIfIdle against markBusy
 
 	up    *upstreams // the local zone's set for the command being handled
 	calls []*getCall // one per server of up
@@ -44,6 +51,10 @@ type conn struct {
 	// zs is every zone's set and calls, the local zone's first (the same
 	// as up and calls); nil without zones.
 	zs []zoneCalls
+	// tierMode is how the retrieval being handled uses the local tier,
+	// and now the time it started, for the tier's expiry.
+	tierMode uint8
+	now      int64
 	// asked is how many zones the last retrieval asked, the local one
 	// included: the calls of the others are left from earlier ones.
 	asked int
@@ -76,11 +87,12 @@ type keyOwner struct {
 	zone     int32 // the zone of srv: 0, the local one, unless zones answered
 	bound    bool
 	tenant   *tenantCounters // nil: not counted per tenant
+	entry    *tier.Entry     // the local tier's answer; srv is then -1
 }
 
 func newConn(p *Proxy, nc net.Conn) *conn {
 	cc := &countingConn{Conn: nc, stats: p.stats, writeTimeout: p.cfg.IdleTimeout, direct: rawConnOf(nc) != nil}
-	c := &conn{p: p, nc: nc, cc: cc}
+	c := &conn{p: p, nc: nc, cc: cc, id: p.connIDs.Add(1), accepted: time.Now().UnixNano()}
 	c.rd = newReader(cc, readBufferSize, int(p.cfg.MaxRequestLine), c.flush)
 	c.words = make([][]byte, 0, maxTokens)
 	c.cmd = newGetCall()

@@ -42,6 +42,12 @@ type collector struct {
 	zoneBytes   *prometheus.Desc
 	zoneFills   *prometheus.Desc
 	zoneWrites  *prometheus.Desc
+	tierReads   *prometheus.Desc
+	tierEvicted *prometheus.Desc
+	tierMutable *prometheus.Desc
+	tierBytes   *prometheus.Desc
+	tierEntries *prometheus.Desc
+	tierLimit   *prometheus.Desc
 	tenants     tenantDescs
 }
 
@@ -76,6 +82,12 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 		zoneBytes:   prometheus.NewDesc(ns+"_zone_read_bytes_total", "Bytes of the values of hits read from each zone, as memcached holds them; the share from zones with local=\"false\" crossed a zone boundary.", []string{"zone", "local"}, nil),
 		zoneFills:   prometheus.NewDesc(ns+"_zone_fills_total", "Hits from another zone stored into the local zone (--zone-fill), by result: stored, not_stored (the local zone already had the key) or failed.", []string{"result"}, nil),
 		zoneWrites:  prometheus.NewDesc(ns+"_zone_write_failures_total", "Writes (storage commands, delete, touch, flush_all, and the sets and deletes that bring other zones in line) that failed in a zone, by zone.", []string{"zone"}, nil),
+		tierReads:   prometheus.NewDesc(ns+"_local_cache_reads_total", "Keys of get requests whose value never changes, looked up in the local tier, by result: hit (answered by the sidecar, no upstream request) or miss.", []string{"result"}, nil),
+		tierEvicted: prometheus.NewDesc(ns+"_local_cache_evictions_total", "Entries the local tier dropped to stay within --local-cache-size.", nil, nil),
+		tierMutable: prometheus.NewDesc(ns+"_local_cache_refused_mutable_total", "Hits read from memcached that the local tier did not keep because their key scheme does not say the value never changes.", nil, nil),
+		tierBytes:   prometheus.NewDesc(ns+"_local_cache_bytes", "Bytes the local tier holds: values, keys and bookkeeping.", nil, nil),
+		tierEntries: prometheus.NewDesc(ns+"_local_cache_entries", "Entries in the local tier.", nil, nil),
+		tierLimit:   prometheus.NewDesc(ns+"_local_cache_limit_bytes", "The local tier's size, --local-cache-size.", nil, nil),
 		tenants:     newTenantDescs(ns),
 	})
 }
@@ -83,7 +95,8 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 func (m *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.requests, m.connections, m.accepted, m.refusedConn, m.idleClosed, m.bytesIn, m.bytesOut, m.keys,
 		m.upRequests, m.upErrors, m.upServers, m.upGets, m.upGetKeys, m.refused, m.deleted, m.logical, m.stored,
-		m.readLogical, m.readStored, m.rewrites, m.rejected, m.unbound, m.zoneReads, m.zoneBytes, m.zoneFills, m.zoneWrites} {
+		m.readLogical, m.readStored, m.rewrites, m.rejected, m.unbound, m.zoneReads, m.zoneBytes, m.zoneFills, m.zoneWrites,
+		m.tierReads, m.tierEvicted, m.tierMutable, m.tierBytes, m.tierEntries, m.tierLimit} {
 		ch <- d
 	}
 	describeHealth(ch)
@@ -155,6 +168,19 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 		for r := range numFillResults {
 			counter(m.zoneFills, m.p.fills[r].Load(), fillResultNames[r])
 		}
+	}
+	if t := m.p.tier; t != nil {
+		ts := t.Stats()
+		counter(m.tierReads, ts.Hits, "hit")
+		counter(m.tierReads, ts.Misses, "miss")
+		counter(m.tierEvicted, ts.Evictions)
+		counter(m.tierMutable, s.tierMutable.Load())
+		gauge := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+		}
+		gauge(m.tierBytes, float64(ts.Bytes))
+		gauge(m.tierEntries, float64(ts.Entries))
+		gauge(m.tierLimit, float64(m.p.cfg.LocalCacheSize))
 	}
 	m.tenants.collect(ch, m.p.tenants)
 	s.requestLatency.Collect(ch)

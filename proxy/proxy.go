@@ -18,6 +18,7 @@ import (
 
 	"mcsidecar/codec"
 	"mcsidecar/keyspace"
+	"mcsidecar/proxy/tier"
 )
 
 // errTooManyFiles is the accept error worth waiting out: the process ran
@@ -37,11 +38,13 @@ type Proxy struct {
 	stats     *stats
 	tenants   *tenantTable       // nil: no per-tenant view
 	codec     *codec.Codec       // nil: no value is enveloped
+	tier      *tier.Cache        // nil: no local tier
 	keys      *keyspace.Keyspace // nil: keys are not rewritten
 	// schemeIndex numbers keys.SchemeNames() for the rewrite counters.
 	schemeIndex map[string]int
 	tls         *tls.Config // nil: clients speak plain TCP
 
+	connIDs   atomic.Uint64 // numbers client connections for "stats conns"
 	drain     atomic.Bool
 	mu        sync.Mutex
 	listeners []net.Listener
@@ -91,6 +94,10 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 		conns:   make(map[*conn]struct{}),
 	}
 	p.stats.log = log
+	if cfg.LocalCacheSize > 0 {
+		p.tier = tier.New(int64(cfg.LocalCacheSize))
+		p.stats.tier = p.tier
+	}
 	if ks != nil {
 		p.schemeIndex = make(map[string]int)
 		for i, name := range ks.SchemeNames() {

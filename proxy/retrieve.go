@@ -13,6 +13,11 @@ func (c *conn) retrieve(keys [][]byte, withCAS bool) error {
 	if !c.checkKeys(id, keys) {
 		return nil
 	}
+	if withCAS {
+		c.useTier(tierFill)
+	} else {
+		c.useTier(tierRead)
+	}
 	used := c.groupKeys(keys)
 	c.fetchGroups(used)
 	c.askOtherZones(retrieval{})
@@ -68,6 +73,7 @@ func (c *conn) getAndTouch(words [][]byte, withCAS bool) error {
 	}
 	keys := words[1:]
 	r := retrieval{touch: true, exptime: exptime}
+	c.useTier(tierDrop)
 	for i, k := range keys {
 		if !c.validKey(k) {
 			// memcached touches the keys before the one it refuses.
@@ -145,6 +151,10 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 		if bound {
 			key = string(up)
 		}
+		if e := c.fromTier(k, key); e != nil {
+			c.owners = append(c.owners, keyOwner{srv: -1, entry: e, tenant: tenant})
+			continue
+		}
 		// An upstream key named again is fetched once and answered as
 		// often as it was named, so repeating a large key costs one
 		// copy, as in memcached. Two client keys may share an upstream
@@ -205,7 +215,10 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 	touch := id == cmdGat || id == cmdGats
 	for i, o := range c.owners {
 		hit := false
-		if o.srv >= 0 {
+		if e := o.entry; e != nil {
+			c.writeValue(c.keys[i], e.Flags, 0, e.Value, withCAS, true)
+			hit = true
+		} else if o.srv >= 0 {
 			call := c.call(o)
 			if call.err == nil && call.items[o.pos].hit {
 				it := &call.items[o.pos]
@@ -225,6 +238,10 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 				if ok {
 					c.writeValue(c.keys[i], flags, it.cas, value, withCAS, stable)
 					hit = true
+					if c.tierMode != tierOff {
+						c.keyBuf = append(c.keyBuf[:0], c.keys[i]...)
+						c.keep(c.keyBuf, call.keys[o.pos], value, flags, it.ttl)
+					}
 				}
 			}
 		}

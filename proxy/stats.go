@@ -14,6 +14,7 @@ import (
 
 	"mcsidecar/codec"
 	"mcsidecar/keyspace"
+	"mcsidecar/proxy/tier"
 )
 
 // stats holds the counters the memcached "stats" command reports, kept with
@@ -51,6 +52,11 @@ type stats struct {
 	keyRewrites []atomic.Uint64
 	keyRejected [8]atomic.Uint64
 	keyUnbound  atomic.Uint64
+
+	// The local tier's own counters, and hits memcached answered that it
+	// did not keep because their key's value may change.
+	tier        *tier.Cache // nil: no local tier
+	tierMutable atomic.Uint64
 
 	// Latency of client requests by command (from the command line read
 	// to the reply buffered) and of upstream requests by server. The
@@ -118,6 +124,8 @@ type counters struct {
 	connsRefused, connsIdleClosed            uint64
 	codecDeleted, codecLogical, codecStored  uint64
 	keyRewrites, keyUnbound                  uint64
+	tierHits, tierMisses, tierEvictions      uint64
+	tierMutable                              uint64
 	codecRefused                             [16]uint64
 	keyRejected                              [8]uint64
 	requests                                 [numCommands][numOutcomes]uint64
@@ -131,7 +139,11 @@ func (s *stats) snapshot() counters {
 		upstreamErrors: s.upstreamErrors.Load(), upstreamGets: s.upstreamGets.Load(), upGetKeys: s.upstreamGetKeys.Load(),
 		connsRefused: s.connsRefused.Load(), connsIdleClosed: s.connsIdleClosed.Load(),
 		codecDeleted: s.codecDeleted.Load(), codecLogical: s.codecLogical.Load(), codecStored: s.codecStored.Load(),
-		keyUnbound: s.keyUnbound.Load(),
+		keyUnbound: s.keyUnbound.Load(), tierMutable: s.tierMutable.Load(),
+	}
+	if s.tier != nil {
+		ts := s.tier.Stats()
+		c.tierHits, c.tierMisses, c.tierEvictions = ts.Hits, ts.Misses, ts.Evictions
 	}
 	for i := range s.keyRewrites {
 		c.keyRewrites += s.keyRewrites[i].Load()
@@ -160,6 +172,8 @@ func (c counters) sub(b counters) counters {
 		connsRefused: c.connsRefused - b.connsRefused, connsIdleClosed: c.connsIdleClosed - b.connsIdleClosed,
 		codecDeleted: c.codecDeleted - b.codecDeleted, codecLogical: c.codecLogical - b.codecLogical, codecStored: c.codecStored - b.codecStored,
 		keyRewrites: c.keyRewrites - b.keyRewrites, keyUnbound: c.keyUnbound - b.keyUnbound,
+		tierHits: c.tierHits - b.tierHits, tierMisses: c.tierMisses - b.tierMisses,
+		tierEvictions: c.tierEvictions - b.tierEvictions, tierMutable: c.tierMutable - b.tierMutable,
 	}
 	for i := range out.codecRefused {
 		out.codecRefused[i] = c.codecRefused[i] - b.codecRefused[i]
@@ -269,6 +283,16 @@ func (s *stats) appendStats(b []byte, p *Proxy) []byte {
 			num("key_rejected_"+r.String(), c.keyRejected[r&7])
 		}
 		num("key_unbound_items", c.keyUnbound)
+	}
+	if p.tier != nil {
+		ts := p.tier.Stats()
+		num("local_cache_hits", c.tierHits)
+		num("local_cache_misses", c.tierMisses)
+		num("local_cache_evictions", c.tierEvictions)
+		num("local_cache_refused_mutable", c.tierMutable)
+		num("local_cache_bytes", uint64(ts.Bytes))
+		num("local_cache_entries", uint64(ts.Entries))
+		num("local_cache_limit_bytes", uint64(p.cfg.LocalCacheSize))
 	}
 	return append(b, replyEnd...)
 }

@@ -43,6 +43,9 @@ func newServer(name string, cfg *Config, st *stats, log *slog.Logger) (*server, 
 		up:     up,
 	}
 	s.pipe = newCoalescer(s.raw, up, cfg.GetConcurrency, cfg.GetBatchKeys)
+	// The local tier keeps a value only as long as memcached would: its
+	// gets ask for the time to live too.
+	s.pipe.r.meta = cfg.LocalCacheSize > 0
 	return s, nil
 }
 

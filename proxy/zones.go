@@ -415,6 +415,8 @@ func writeFailed(line []byte, err error) bool { return err != nil || isServerErr
 // the server that answered (the local one when none did). With
 // --zone-writes=local it is sendDeciding.
 func (c *conn) sendEvery(k string, req, data []byte) (line []byte, srv *server, err error) {
+	c.forget(k)
+	defer c.forget(k)
 	if c.zs == nil {
 		srv = c.up.servers[c.serverFor(k)]
 		line, err = c.send(srv, req, data)
@@ -469,6 +471,8 @@ func (c *conn) sendEvery(k string, req, data []byte) (line []byte, srv *server, 
 // said so); when none answered, the local server and its error. A refusal
 // of the request itself (CLIENT_ERROR, SERVER_ERROR) ends the search.
 func (c *conn) sendDeciding(k string, req, data []byte) (line []byte, z int, srv *server, err error) {
+	c.forget(k)
+	defer c.forget(k)
 	if c.zs == nil {
 		srv = c.up.servers[c.serverFor(k)]
 		line, err = c.send(srv, req, data)
@@ -513,6 +517,8 @@ func (c *conn) sendDeciding(k string, req, data []byte) (line []byte, z int, srv
 // be filled from the zone that had the key). With --zone-writes=local it
 // is the local zone's add, or the first zone's that answers.
 func (c *conn) sendAdd(k string, req, data []byte) (line []byte, srv *server, err error) {
+	c.forget(k)
+	defer c.forget(k)
 	if c.zs == nil {
 		srv = c.up.servers[c.serverFor(k)]
 		line, err = c.send(srv, req, data)
@@ -557,6 +563,8 @@ func (c *conn) sendAdd(k string, req, data []byte) (line []byte, srv *server, er
 // that has one, and so on: the same search as sendDeciding. The zone that
 // changed the item decides, and the others drop their copy.
 func (c *conn) modifyInZones(k string, rmw func(srv *server) error) error {
+	c.forget(k)
+	defer c.forget(k)
 	if c.zs == nil {
 		return rmw(c.up.servers[c.serverFor(k)])
 	}

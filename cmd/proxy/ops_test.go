@@ -195,7 +195,7 @@ func busy(t *testing.T, s sidecar) sidecar {
 // zoneOnlyKey is a key that startBusyZonedSidecar stores in zone-b only.
 const zoneOnlyKey = "S:team-a:01HZX3K5R9W1V8Q2N4M6P7T0AB:2"
 
-// startBusyZonedSidecar runs the sidecar in zone-a of two zones, each a
+// startBusyZonedSidecar runs the sidecar, with a local tier, in zone-a of two zones, each a
 // real memcached, and sends it the traffic of startBusySidecar, which
 // reaches both zones, and a get of a key that only zone-b has, which is
 // read across zones and filled into zone-a. So the families exported only
@@ -203,7 +203,7 @@ const zoneOnlyKey = "S:team-a:01HZX3K5R9W1V8Q2N4M6P7T0AB:2"
 func startBusyZonedSidecar(t *testing.T) sidecar {
 	t.Helper()
 	a, b := startMemcached(t), startMemcached(t)
-	s := startSidecar(t, "", "--zone=zone-a", "--upstream-zone=zone-a="+a, "--upstream-zone=zone-b="+b)
+	s := startSidecar(t, "", "--zone=zone-a", "--upstream-zone=zone-a="+a, "--upstream-zone=zone-b="+b, "--local-cache-size=16m")
 	busy(t, s)
 	// Straight to zone-b's memcached, past the sidecar.
 	zoneB := sidecar{listen: b}
