@@ -110,10 +110,10 @@ func codecMetrics(t *testing.T, p *Proxy) *prometheus.Registry {
 // every other reason at zero.
 func refusedExposition(counts map[codec.Reason]int) string {
 	var b strings.Builder
-	b.WriteString("# HELP mcsidecar_codec_refused_total Enveloped items read from upstream that failed verification and were served as a miss, by reason.\n")
-	b.WriteString("# TYPE mcsidecar_codec_refused_total counter\n")
+	b.WriteString("# HELP mcsidecar_codec_verification_failures_total Enveloped items read from upstream that failed verification and were served as a miss, by reason.\n")
+	b.WriteString("# TYPE mcsidecar_codec_verification_failures_total counter\n")
 	for _, r := range codec.Reasons() {
-		fmt.Fprintf(&b, "mcsidecar_codec_refused_total{reason=%q} %d\n", r.String(), counts[r])
+		fmt.Fprintf(&b, "mcsidecar_codec_verification_failures_total{reason=%q} %d\n", r.String(), counts[r])
 	}
 	return b.String()
 }
@@ -163,7 +163,7 @@ func TestCorruptedItemIsAMissCountedByReason(t *testing.T) {
 			if total != len(stored) || counts[codec.ReasonChecksumMismatch] == 0 {
 				t.Errorf("refused %v, want %d in all, checksum mismatches among them", counts, len(stored))
 			}
-			if err := testutil.GatherAndCompare(reg, strings.NewReader(refusedExposition(counts)), "mcsidecar_codec_refused_total"); err != nil {
+			if err := testutil.GatherAndCompare(reg, strings.NewReader(refusedExposition(counts)), "mcsidecar_codec_verification_failures_total"); err != nil {
 				t.Error(err)
 			}
 			if del && p.stats.codecDeleted.Load() != uint64(len(stored)) {

@@ -69,7 +69,7 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 		upServers:   prometheus.NewDesc(ns+"_upstream_servers", "Upstream memcached servers in the current set (after DNS discovery).", nil, nil),
 		upGets:      prometheus.NewDesc(ns+"_upstream_gets_total", "Get requests sent upstream; concurrent client gets are coalesced into one.", nil, nil),
 		upGetKeys:   prometheus.NewDesc(ns+"_upstream_get_keys_total", "Keys in the get requests sent upstream.", nil, nil),
-		refused:     prometheus.NewDesc(ns+"_codec_refused_total", "Enveloped items read from upstream that failed verification and were served as a miss, by reason.", []string{"reason"}, nil),
+		refused:     prometheus.NewDesc(ns+"_codec_verification_failures_total", "Enveloped items read from upstream that failed verification and were served as a miss, by reason.", []string{"reason"}, nil),
 		deleted:     prometheus.NewDesc(ns+"_codec_deleted_total", "Damaged enveloped items deleted upstream (--codec-delete-corrupt).", nil, nil),
 		logical:     prometheus.NewDesc(ns+"_codec_written_logical_bytes_total", "Bytes of enveloped values written, as the clients sent them. The saving is 1 - stored/logical.", nil, nil),
 		stored:      prometheus.NewDesc(ns+"_codec_written_stored_bytes_total", "Bytes of enveloped values written, as memcached holds them (envelope included).", nil, nil),

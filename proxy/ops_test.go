@@ -298,7 +298,7 @@ func TestStatsAnswersTheProxyCountersAndResetLeavesMetricsAlone(t *testing.T) {
 	st := statsOf(t, c)
 	for name, want := range map[string]string{
 		"key_rewrites": "1", "key_rejected_too_long": "1", "key_rejected_empty": "0", "key_unbound_items": "0",
-		"codec_refused_checksum_mismatch": "0", "codec_deleted": "0", "rejected_connections": "0",
+		"codec_verification_failures_checksum_mismatch": "0", "codec_deleted": "0", "rejected_connections": "0",
 		"upstream_errors": "0", "curr_connections": "1",
 	} {
 		if st[name] != want {

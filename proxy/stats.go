@@ -271,7 +271,7 @@ func (s *stats) appendStats(b []byte, p *Proxy) []byte {
 	// (less the prefix), so both views read alike.
 	if p.codec != nil {
 		for _, r := range codec.Reasons() {
-			num("codec_refused_"+r.String(), c.codecRefused[r&15])
+			num("codec_verification_failures_"+r.String(), c.codecRefused[r&15])
 		}
 		num("codec_deleted", c.codecDeleted)
 		num("codec_written_logical_bytes", c.codecLogical)

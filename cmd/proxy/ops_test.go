@@ -234,7 +234,7 @@ func TestMetricsEndpointExportsWhatOperatorsNeed(t *testing.T) {
 		"mcsidecar_requests_total", "mcsidecar_request_duration_seconds",
 		"mcsidecar_upstream_requests_total", "mcsidecar_upstream_errors_total", "mcsidecar_upstream_request_duration_seconds",
 		"mcsidecar_client_connections", "mcsidecar_client_connections_accepted_total", "mcsidecar_client_connections_refused_total",
-		"mcsidecar_key_rewrites_total", "mcsidecar_key_rejected_total", "mcsidecar_codec_refused_total",
+		"mcsidecar_key_rewrites_total", "mcsidecar_key_rejected_total", "mcsidecar_codec_verification_failures_total",
 		"mcsidecar_codec_written_logical_bytes_total", "mcsidecar_codec_written_stored_bytes_total",
 		"mcsidecar_tenant_requests_total", "mcsidecar_tenant_hits_total", "mcsidecar_tenant_written_bytes_total",
 		"mcsidecar_build_info",
@@ -628,7 +628,7 @@ func TestMemcstatReadsStats(t *testing.T) {
 		t.Fatalf("memcstat: %v\n%s", err, out)
 	}
 	for _, want := range []string{"pid:", "version: 1.6.0-mcsidecar-" + version, "cmd_set: 1", "get_hits: 1",
-		"key_rewrites: 0", "codec_refused_checksum_mismatch: 0", "rejected_connections: 0"} {
+		"key_rewrites: 0", "codec_verification_failures_checksum_mismatch: 0", "rejected_connections: 0"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("memcstat output lacks %q:\n%s", want, out)
 		}
