@@ -137,18 +137,9 @@ func (c *conn) flushAll(w [][]byte) error {
 		}
 		withDelay = true
 	}
-	if t := c.p.tier; t != nil {
-		t.Clear()
-		defer t.Clear()
-		if withDelay && delay > 0 {
-			// memcached drops its items when the delay runs out: so
-			// does the tier, which may have been filled meanwhile.
-			at := time.Duration(delay) * time.Second
-			if delay > maxRelativeTTL {
-				at = time.Until(time.Unix(int64(delay), 0))
-			}
-			time.AfterFunc(at, t.Clear)
-		}
+	if c.p.tier != nil {
+		c.p.pauseFills(delay, withDelay)
+		defer c.p.tier.Clear()
 	}
 	// Every server of every zone at once (of the local zone only with
 	// --zone-writes=local). OK when every server of the local zone said

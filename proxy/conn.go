@@ -88,6 +88,7 @@ type keyOwner struct {
 	bound    bool
 	tenant   *tenantCounters // nil: not counted per tenant
 	entry    *tier.Entry     // the local tier's answer; srv is then -1
+	tierGen  uint32          // see keep
 }
 
 func newConn(p *Proxy, nc net.Conn) *conn {

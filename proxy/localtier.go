@@ -2,7 +2,10 @@ package proxy
 
 import (
 	"bytes"
+	"sync/atomic"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 
 	"mcsidecar/proxy/tier"
 )
@@ -23,7 +26,10 @@ import (
 //     counts whole seconds).
 //   - Every write through the sidecar to a key drops its entry, before
 //     and after the write goes upstream (set, add, replace, append,
-//     prepend, cas, incr, decr, delete, touch, gat); flush_all empties it.
+//     prepend, cas, incr, decr, delete, touch, gat), and a get that
+//     overlapped a write to its key does not keep what it fetched (see
+//     tierGuard); flush_all empties it, and a delayed one keeps it empty
+//     until memcached has acted on it.
 //     A write through another sidecar or straight to memcached is not
 //     seen: the tier relies on the key scheme's promise that the value
 //     never changes, and a deleted key is served until its entry expires
@@ -34,6 +40,27 @@ const (
 	tierFill              // gets: fill it only
 	tierDrop              // gat, gats: drop the entries of the keys
 )
+
+// tierStripes is how many write counters guard the tier's fills: a fill
+// is dropped when a write to a key of its stripe ran while the value was
+// fetched. Enough that writes to other keys seldom drop a fill.
+const tierStripes = 4096
+
+// tierGuard orders fills after writes: a write bumps its key's stripe
+// before and after it goes upstream, and a get notes the stripe's count
+// before it asks upstream, so a value fetched around a write is never
+// kept. A delayed flush_all pauses fills until memcached has acted on it.
+type tierGuard struct {
+	writes [tierStripes]atomic.Uint32
+	// pausedUntil is when fills may resume after a delayed flush_all
+	// (Unix ns); memcached counts its clock in whole seconds, and acts on
+	// a delayed flush up to two seconds early.
+	pausedUntil atomic.Int64
+}
+
+func (g *tierGuard) stripe(k string) *atomic.Uint32 {
+	return &g.writes[xxhash.Sum64String(k)%tierStripes]
+}
 
 // useTier sets how the retrieval about to run uses the tier.
 func (c *conn) useTier(mode uint8) {
@@ -47,30 +74,42 @@ func (c *conn) useTier(mode uint8) {
 }
 
 // fromTier returns the tier's entry for key, sent upstream as k, when the
-// retrieval reads the tier and the key's value never changes.
-func (c *conn) fromTier(key []byte, k string) *tier.Entry {
+// retrieval reads the tier and the key's value never changes. Otherwise
+// it returns the count of k's write stripe, for keep.
+func (c *conn) fromTier(key []byte, k string) (*tier.Entry, uint32) {
 	switch c.tierMode {
-	case tierRead:
+	case tierRead, tierFill:
 		if !c.p.keys.Immutable(key) {
-			return nil
+			return nil, 0 // never kept
 		}
-		if e, ok := c.p.tier.Get(k, c.now); ok && e.Key == string(key) {
-			return e
+		gen := c.p.tierGuard.stripe(k).Load()
+		if c.tierMode == tierRead {
+			if e, ok := c.p.tier.Get(k, c.now); ok && e.Key == string(key) {
+				return e, gen
+			}
 		}
+		return nil, gen
 	case tierDrop:
 		c.p.tier.Delete(k)
 	}
-	return nil
+	return nil, 0
 }
 
 // keep puts a hit that memcached answered into the tier: the client's
-// key, value and flags, and the item's time to live.
-func (c *conn) keep(key []byte, k string, value []byte, flags uint32, ttl int32) {
+// key, value and flags, and the item's time to live. gen is the count of
+// k's write stripe before the value was fetched: if a write ran since, the
+// value may be the one it replaced, and is not kept.
+func (c *conn) keep(key []byte, k string, gen uint32, value []byte, flags uint32, ttl int32) {
 	if c.tierMode != tierRead && c.tierMode != tierFill {
 		return
 	}
 	if !c.p.keys.Immutable(key) {
 		c.p.stats.tierMutable.Add(1)
+		return
+	}
+	g := &c.p.tierGuard
+	stripe := g.stripe(k)
+	if stripe.Load() != gen || c.now < g.pausedUntil.Load() {
 		return
 	}
 	var expires int64
@@ -82,11 +121,41 @@ func (c *conn) keep(key []byte, k string, value []byte, flags uint32, ttl int32)
 		expires = c.now + int64(ttl-1)*int64(time.Second)
 	}
 	c.p.tier.Set(k, &tier.Entry{Key: string(key), Value: bytes.Clone(value), Flags: flags, Expires: expires})
+	// A write that began between the check and the Set has already
+	// dropped k and will drop it again when it is done; one that ended in
+	// between would not: look again.
+	if stripe.Load() != gen {
+		c.p.tier.Delete(k)
+	}
 }
 
-// forget drops k's entry from the tier, for a write to it.
+// forget drops k's entry from the tier, for a write to it. A write calls
+// it before it goes upstream and after: the stripe's count moves twice, so
+// no get that overlapped the write keeps what it fetched.
 func (c *conn) forget(k string) {
 	if c.p.tier != nil {
+		c.p.tierGuard.stripe(k).Add(1)
 		c.p.tier.Delete(k)
+	}
+}
+
+// pauseFills empties the tier for a flush_all, and with a delay keeps it
+// from filling until memcached has surely acted on it (it may do so up to
+// two seconds before the delay runs out by the wall clock).
+func (p *Proxy) pauseFills(delay int32, withDelay bool) {
+	p.tier.Clear()
+	if !withDelay || delay <= 0 {
+		return
+	}
+	until := time.Now().Add(time.Duration(delay) * time.Second)
+	if delay > maxRelativeTTL {
+		until = time.Unix(int64(delay), 0)
+	}
+	until = until.Add(time.Second)
+	for {
+		old := p.tierGuard.pausedUntil.Load()
+		if old >= until.UnixNano() || p.tierGuard.pausedUntil.CompareAndSwap(old, until.UnixNano()) {
+			return
+		}
 	}
 }

@@ -36,9 +36,10 @@ type Proxy struct {
 	fills     [numFillResults]atomic.Uint64
 	discovery *discovery // nil: every upstream entry is static
 	stats     *stats
-	tenants   *tenantTable       // nil: no per-tenant view
-	codec     *codec.Codec       // nil: no value is enveloped
-	tier      *tier.Cache        // nil: no local tier
+	tenants   *tenantTable // nil: no per-tenant view
+	codec     *codec.Codec // nil: no value is enveloped
+	tier      *tier.Cache  // nil: no local tier
+	tierGuard tierGuard
 	keys      *keyspace.Keyspace // nil: keys are not rewritten
 	// schemeIndex numbers keys.SchemeNames() for the rewrite counters.
 	schemeIndex map[string]int

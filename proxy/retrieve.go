@@ -151,7 +151,8 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 		if bound {
 			key = string(up)
 		}
-		if e := c.fromTier(k, key); e != nil {
+		e, gen := c.fromTier(k, key)
+		if e != nil {
 			c.owners = append(c.owners, keyOwner{srv: -1, entry: e, tenant: tenant})
 			continue
 		}
@@ -169,7 +170,7 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 		}
 		s := c.serverFor(key)
 		call := c.calls[s]
-		o := keyOwner{srv: int32(s), pos: int32(len(call.keys)), bound: bound, tenant: tenant}
+		o := keyOwner{srv: int32(s), pos: int32(len(call.keys)), bound: bound, tenant: tenant, tierGen: gen}
 		c.owners = append(c.owners, o)
 		call.keys = append(call.keys, key)
 		used[s] = true
@@ -240,7 +241,7 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 					hit = true
 					if c.tierMode != tierOff {
 						c.keyBuf = append(c.keyBuf[:0], c.keys[i]...)
-						c.keep(c.keyBuf, call.keys[o.pos], value, flags, it.ttl)
+						c.keep(c.keyBuf, call.keys[o.pos], o.tierGen, value, flags, it.ttl)
 					}
 				}
 			}
