@@ -19,7 +19,8 @@ type getCall struct {
 	arena []byte // the values of items
 	// A command rather than a get: its line, its data block (nil for
 	// none; it stays unchanged until the call is done), and the line
-	// memcached answered.
+	// memcached answered. A meta command answered "VA <size> …" has its
+	// data block read into arena.
 	req, data, reply []byte
 	// replies is how many reply lines req asks for, when it holds more
 	// than one command (fills); 0 is one.

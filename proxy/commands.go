@@ -38,6 +38,12 @@ const (
 	cmdVerbosity
 	cmdStats
 	cmdQuit
+	cmdMetaGet
+	cmdMetaSet
+	cmdMetaDelete
+	cmdMetaArithmetic
+	cmdMetaNoop
+	cmdMetaDebug
 	cmdUnknown // not a command: counts requests answered ERROR
 	numCommands
 )
@@ -65,7 +71,15 @@ var commands = numbered([numCommands]command{
 	cmdVerbosity: {name: "verbosity", minWords: 2, maxWords: 3, run: (*conn).verbosity},
 	cmdStats:     {name: "stats", minWords: 1, run: (*conn).stats},
 	cmdQuit:      {name: "quit", minWords: 1, run: (*conn).quit},
-	cmdUnknown:   {name: "unknown"},
+	// The meta commands take up to memcached's token limit; metaReq
+	// refuses more flags than memcached reads.
+	cmdMetaGet:        {name: "mg", minWords: 2, maxWords: maxTokens, run: (*conn).metaGet},
+	cmdMetaSet:        {name: "ms", minWords: 2, maxWords: maxTokens, run: (*conn).metaSet},
+	cmdMetaDelete:     {name: "md", minWords: 2, maxWords: maxTokens, run: (*conn).metaDelete},
+	cmdMetaArithmetic: {name: "ma", minWords: 2, maxWords: maxTokens, run: (*conn).metaArithmetic},
+	cmdMetaNoop:       {name: "mn", minWords: 1, maxWords: maxTokens, run: (*conn).metaNoop},
+	cmdMetaDebug:      {name: "me", minWords: 1, maxWords: maxTokens, run: (*conn).metaDebug},
+	cmdUnknown:        {name: "unknown"},
 })
 
 // numbered sets each command's id to its index in the table.

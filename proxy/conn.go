@@ -77,6 +77,23 @@ type conn struct {
 	enc, dec, tmp, raw, keyBuf []byte
 	// upBuf holds the rewritten upstream key of the key being handled.
 	upBuf []byte
+
+	// mst is the state of meta commands, made by the first one: most
+	// connections never send one, and an idle connection stays small.
+	mst *metaState
+}
+
+// metaState is what a connection keeps for the meta command being
+// handled: its line's words, copied out of the read buffer, the request
+// parsed from them, memcached's reply line (a copy) split into flags, and
+// the reply being built.
+type metaState struct {
+	req   metaReq
+	line  []byte
+	words [][]byte
+	rep   metaReply
+	up    []byte
+	out   []byte
 }
 
 // keyOwner locates one requested key's result: which server's call, and
@@ -347,6 +364,9 @@ func (c *conn) shrink() {
 				c.calls[i] = newGetCall()
 			}
 		}
+	}
+	if c.mst != nil && (cap(c.mst.line) > keep || cap(c.mst.req.keyBuf) > keep || cap(c.mst.up) > keep || cap(c.mst.out) > keep) {
+		c.mst = nil
 	}
 	for _, b := range []*[]byte{&c.enc, &c.dec, &c.tmp, &c.raw} {
 		if cap(*b) > arenaKeep {

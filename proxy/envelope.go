@@ -120,18 +120,25 @@ func (c *conn) readForUpdate(srv *server, k string, key []byte, bind bool) (valu
 // writeBack stores value, enveloped, under key if the item is still as it
 // was read. conflict reports that another write came first.
 func (c *conn) writeBack(srv *server, k string, key []byte, bind bool, it metaItem, value []byte) (conflict, notStored bool, err error) {
+	conflict, notStored, _, err = c.writeBackCAS(srv, k, key, bind, it, value)
+	return conflict, notStored, err
+}
+
+// writeBackCAS is writeBack that also returns the CAS value of the item
+// stored, for the meta commands that answer it.
+func (c *conn) writeBackCAS(srv *server, k string, key []byte, bind bool, it metaItem, value []byte) (conflict, notStored bool, cas uint64, err error) {
 	stored, storedFlags := c.encode(key, bind, it.flags, value)
 	if len(stored) > int(c.p.cfg.MaxItemSize) {
-		return false, true, nil
+		return false, true, 0, nil
 	}
 	it.flags = storedFlags
 	start := time.Now()
-	conflict, notStored, err = srv.raw.storeIfUnchanged(k, it, stored)
+	conflict, notStored, cas, err = srv.raw.storeIfUnchanged(k, it, stored)
 	srv.up.observe(start, err)
 	if err == nil && !conflict && !notStored {
 		c.countStored(len(value), len(stored))
 	}
-	return conflict, notStored, err
+	return conflict, notStored, cas, err
 }
 
 // joinEnveloped answers append and prepend on a key whose values are

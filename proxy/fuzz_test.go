@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -223,7 +224,7 @@ func checkTooLong(t *testing.T, call string, rest []byte, limit int) {
 // the client has sent everything, must answer only in memcached's reply
 // grammar (checkReplies), and must go on serving other clients.
 func FuzzProxy(f *testing.F) {
-	for _, tc := range diffCases {
+	for _, tc := range slices.Concat(diffCases, metaDiffCases) {
 		// The two cases with 100 KB and 1 MiB values exceed maxFuzzInput
 		// and would only be skipped.
 		if req := strings.Join(tc.chunks, ""); len(req) <= maxFuzzInput {
@@ -352,6 +353,23 @@ func checkReplies(reply, input []byte) error {
 			if string(word) != "ERROR" && len(line) <= len(word)+1 {
 				return fmt.Errorf("reply line %q at offset %d has nothing after %s", line, off, word)
 			}
+		case "HD", "EN", "NF", "NS", "EX", "MN", "ME":
+			// Meta replies: the code, then flag words.
+			for _, f := range bytes.Split(line, []byte(" "))[1:] {
+				if len(f) == 0 || bytes.ContainsFunc(f, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
+					return fmt.Errorf("meta reply %q at offset %d has a malformed word", line, off)
+				}
+			}
+		case "VA":
+			f := bytes.Split(line, []byte(" "))
+			if len(f) < 2 || !decimal(f[1], 31) {
+				return fmt.Errorf("VA line %q at offset %d has no size", line, off)
+			}
+			n, _ := strconv.Atoi(string(f[1]))
+			if next+n+2 > len(reply) || !bytes.Equal(reply[next+n:next+n+2], crlf) {
+				return fmt.Errorf("VA line %q at offset %d is not followed by %d bytes and CRLF", line, off, n)
+			}
+			next += n + 2
 		case "VALUE":
 			f := bytes.Split(line, []byte(" "))
 			if len(f) != 4 && len(f) != 5 {

@@ -155,10 +155,11 @@ func parseDecimal(b []byte, max uint64) (uint64, bool) {
 // storeIfUnchanged writes value under key with memcached's meta set, only
 // if the item still has it.cas, with the item's flags and remaining time to
 // live. conflict reports that the item changed or went away since it was
-// read; notStored that memcached refused the value (too large). Unlike
+// read; notStored that memcached refused the value (too large); cas is the
+// CAS value of the item stored. Unlike
 // other requests on this pool it is never sent twice: when a reply is lost
 // the write may have happened, and joining twice would corrupt the value.
-func (p *rawPool) storeIfUnchanged(key string, it metaItem, value []byte) (conflict, notStored bool, err error) {
+func (p *rawPool) storeIfUnchanged(key string, it metaItem, value []byte) (conflict, notStored bool, cas uint64, err error) {
 	ttl := exptimeOf(it.ttl)
 	// Not through do, which may send twice: once, under the server's
 	// health all the same.
@@ -174,7 +175,7 @@ func (p *rawPool) storeIfUnchanged(key string, it metaItem, value []byte) (confl
 			b = strconv.AppendUint(b, uint64(it.flags), 10)
 			b = append(b, " T"...)
 			b = strconv.AppendInt(b, ttl, 10)
-			b = append(b, crlf...)
+			b = append(b, " c\r\n"...)
 			c.rw.Write(b)
 			c.rw.Write(value)
 			c.rw.Write(crlf)
@@ -186,10 +187,14 @@ func (p *rawPool) storeIfUnchanged(key string, it metaItem, value []byte) (confl
 				return err
 			}
 			switch {
-			case bytes.Equal(line, metaStored):
-			case bytes.Equal(line, metaExists), bytes.Equal(line, metaNotFound):
+			case bytes.HasPrefix(line, storedWithCAS) && bytes.HasSuffix(line, crlf):
+				var ok bool
+				if cas, ok = parseDecimal(line[len(storedWithCAS):len(line)-2], math.MaxUint64); !ok {
+					return fmt.Errorf("%w: %q", errUnexpectedReply, line)
+				}
+			case bytes.HasPrefix(line, metaExists[:2]), bytes.HasPrefix(line, metaNotFound[:2]):
 				conflict = true
-			case bytes.Equal(line, metaNotStore), bytes.Equal(line, replyTooLarge):
+			case bytes.HasPrefix(line, metaNotStore[:2]), bytes.Equal(line, replyTooLarge):
 				notStored = true
 			default:
 				return fmt.Errorf("%w: %q", errUnexpectedReply, line)
@@ -197,5 +202,9 @@ func (p *rawPool) storeIfUnchanged(key string, it metaItem, value []byte) (confl
 			return nil
 		})
 	})
-	return conflict, notStored, err
+	return conflict, notStored, cas, err
 }
+
+// storedWithCAS begins memcached's answer to a meta set that asked for
+// the new CAS value ("HD c<cas>").
+var storedWithCAS = []byte("HD c")

@@ -15,7 +15,8 @@ import (
 var (
 	metricCommands = []string{
 		"get", "gets", "gat", "gats", "set", "add", "replace", "append", "prepend", "cas",
-		"incr", "decr", "touch", "delete", "flush_all", "version", "verbosity", "stats", "quit", "unknown",
+		"incr", "decr", "touch", "delete", "flush_all", "version", "verbosity", "stats", "quit",
+		"mg", "ms", "md", "ma", "mn", "me", "unknown",
 	}
 	metricOutcomes = []string{
 		"hit", "miss", "stored", "not_stored", "exists", "not_found", "client_error", "upstream_error", "ok",
@@ -73,6 +74,12 @@ func TestMetricsCountRequestsByCommandAndOutcome(t *testing.T) {
 		{"bogus\r\n", "ERROR\r\n"},
 		{"version\r\n", "VERSION mcsidecar-test\r\n"},
 		{"get " + key251 + "\r\n", "CLIENT_ERROR bad command line format\r\n"},
+		{"ms m 1 T0\r\nx\r\n", "HD\r\n"},
+		{"md zz\r\n", "NF\r\n"},
+		{"ma m\r\n", "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n"},
+		{"mn\r\n", "MN\r\n"},
+		{"me zz\r\n", "EN\r\n"},
+		{"mg m zz\r\n", "CLIENT_ERROR invalid flag\r\n"},
 	} {
 		if got := c.do(step.req); got != step.want {
 			t.Fatalf("%q answered %q, want %q", short(step.req), got, step.want)
@@ -94,6 +101,12 @@ func TestMetricsCountRequestsByCommandAndOutcome(t *testing.T) {
 			"touch/not_found":      1,
 			"unknown/client_error": 1,
 			"version/ok":           1,
+			"ms/stored":            1,
+			"md/not_found":         1,
+			"ma/client_error":      1,
+			"mn/ok":                1,
+			"me/miss":              1,
+			"mg/client_error":      1,
 		})
 		if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "mcsidecar_requests_total"); err != nil {
 			t.Error(err)

@@ -257,7 +257,9 @@ const lineMax = 2048
 // gats), each hit's value read straight into its call's arena; a command
 // goes out as it is and its one reply line is kept. memcached answers in
 // request order, which is how each reply is matched to its call without a
-// map. A retry starts over: the calls are emptied first.
+// map. A meta command's reply may carry a data block (mg, ma with v): it is
+// read into the call's arena. A retry starts over: the calls are emptied
+// first.
 func (p *rawPool) exchange(r retrieval, batch []*getCall) error {
 	return p.do(func(c *rawConn) error {
 		for _, call := range batch {
@@ -297,6 +299,11 @@ func (p *rawPool) exchange(r retrieval, batch []*getCall) error {
 						return err
 					}
 					call.reply = append(call.reply, line...)
+				}
+				// Only a meta command's reply starts "VA ": the
+				// classic path pays one comparison.
+				if err := readMetaBlock(c.rw.Reader, call); err != nil {
+					return err
 				}
 				i++
 				continue
@@ -441,6 +448,23 @@ func appendMetaRetrievals(dst []byte, r retrieval, calls []*getCall) ([]byte, in
 		}
 	}
 	return dst, lines
+}
+
+// readMetaBlock reads the data block of a meta command's reply into the
+// call's arena, when its line ("VA <size> <flags>*") says one follows.
+func readMetaBlock(br *bufio.Reader, call *getCall) error {
+	rest, ok := bytes.CutPrefix(call.reply, metaValue)
+	if !ok {
+		return nil
+	}
+	word, _, _ := bytes.Cut(rest, []byte{' '})
+	word = bytes.TrimSuffix(word, crlf)
+	size, ok := parseDecimal(word, 1<<30)
+	if !ok {
+		return fmt.Errorf("%w: %q", errUnexpectedReply, call.reply)
+	}
+	call.arena = slices.Grow(call.arena[:0], int(size))[:size]
+	return readValue(br, call.arena)
 }
 
 // readValue reads a data block into dst, then its "\r\n".

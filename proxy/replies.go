@@ -77,8 +77,22 @@ func replyOutcome(line []byte) outcome {
 	case bytes.HasPrefix(line, []byte("CLIENT_ERROR")), bytes.HasPrefix(line, []byte("ERROR")), bytes.Equal(line, replyTooLarge):
 		// memcached refused the client's own request.
 		return outcomeClientError
+	case len(line) >= 4 && (line[2] == ' ' || line[2] == '\r'):
+		// A meta reply: its code, then flags.
+		switch string(line[:2]) {
+		case "HD":
+			return outcomeStored
+		case "NS":
+			return outcomeNotStored
+		case "EX":
+			return outcomeExists
+		case "NF":
+			return outcomeNotFound
+		case "EN":
+			return outcomeMiss
+		}
 	}
-	return outcomeOK // DELETED, TOUCHED, the number of incr and decr
+	return outcomeOK // DELETED, TOUCHED, the number of incr and decr, VA
 }
 
 // isServerError reports whether memcached answered a command with a

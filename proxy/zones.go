@@ -539,7 +539,7 @@ func (c *conn) sendAdd(k string, req, data []byte) (line []byte, srv *server, er
 	}
 	held := -1
 	for z := range c.zs {
-		if bytes.Equal(c.zs[z].cmd.reply, replyNotStored) {
+		if replyOutcome(c.zs[z].cmd.reply) == outcomeNotStored { // NOT_STORED, or ms's NS
 			held = z
 			break
 		}
@@ -548,7 +548,7 @@ func (c *conn) sendAdd(k string, req, data []byte) (line []byte, srv *server, er
 		return line, srv, nil
 	}
 	for z := range c.zs {
-		if bytes.Equal(c.zs[z].cmd.reply, replyStored) {
+		if replyOutcome(c.zs[z].cmd.reply) == outcomeStored {
 			c.alignReq = appendKeyCommand(c.alignReq[:0], "delete ", k, nil)
 			c.zs[z].send(k, c.p.cfg.EjectRehash, c.alignReq, nil)
 		}

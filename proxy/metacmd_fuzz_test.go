@@ -1,0 +1,165 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/base64"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// metaSeedLines are the meta command lines of the differential scripts.
+func metaSeedLines() []string {
+	var lines []string
+	for _, tc := range slices.Concat(metaDiffCases, metaSeparately) {
+		for _, l := range strings.Split(strings.Join(tc.chunks, ""), "\r\n") {
+			if strings.HasPrefix(strings.TrimLeft(l, " "), "m") {
+				lines = append(lines, l)
+			}
+		}
+	}
+	return lines
+}
+
+// FuzzMetaRequest feeds arbitrary lines to the meta request parser, as the
+// connection hands them over: split by parseLine, then read by parseMeta
+// with memcached's key limit and without it. It must never panic (every
+// read out of bounds would), and what it accepts must be what memcached
+// accepts: known flags, each once, an opaque within its limit, and a key
+// that is a slice of the line or its base64 decoding. Seeds are the lines
+// of the differential scripts.
+func FuzzMetaRequest(f *testing.F) {
+	for _, l := range metaSeedLines() {
+		f.Add([]byte(l))
+	}
+	f.Fuzz(func(t *testing.T, line []byte) {
+		if i := bytes.IndexByte(line, '\n'); i >= 0 {
+			line = line[:i] // the reader hands over one line, without its end
+		}
+		if i := bytes.IndexByte(line, 0); i >= 0 {
+			line = line[:i]
+		}
+		cmd, words, v := parseLine(make([][]byte, 0, maxTokens), line)
+		if v != verdictRun || cmd.id < cmdMetaGet || cmd.id > cmdMetaDebug {
+			return
+		}
+		var m metaReq
+		for _, limit := range []bool{true, false} {
+			parseMeta(&m, words, limit)
+			checkMetaReq(t, &m, line, words, limit)
+		}
+	})
+}
+
+// checkMetaReq checks what parseMeta made of words.
+func checkMetaReq(t *testing.T, m *metaReq, line []byte, words [][]byte, limit bool) {
+	t.Helper()
+	if m.verb != words[0][1] {
+		t.Fatalf("%q: verb %q", line, m.verb)
+	}
+	if m.err != nil || m.verb == 'n' {
+		return
+	}
+	if limit && len(m.raw) > keyMaxLength {
+		t.Fatalf("%q: accepted a %d-byte key", line, len(m.raw))
+	}
+	if !m.bin && !bytes.Equal(m.key, m.raw) || m.bin && len(m.key) == 0 {
+		t.Fatalf("%q: key %q from %q", line, m.key, m.raw)
+	}
+	if m.bin {
+		// Canonical base64 must decode as the standard library does.
+		if std, err := base64.StdEncoding.DecodeString(string(m.raw)); err == nil && !bytes.Equal(std, m.key) {
+			t.Fatalf("%q: decoded %q, want %q", line, m.key, std)
+		}
+	}
+	if m.verb == 'e' {
+		return
+	}
+	if len(words)+1 > metaMaxTokens {
+		t.Fatalf("%q: accepted %d tokens", line, len(words)+1)
+	}
+	var seen uint64
+	for _, f := range m.flags[:m.nflags] {
+		if strings.IndexByte(metaFlagLetters, f[0]) < 0 || seen&metaFlagBit(f[0]) != 0 {
+			t.Fatalf("%q: accepted flag %q", line, f)
+		}
+		seen |= metaFlagBit(f[0])
+	}
+	if len(m.opaque) > metaMaxOpaque {
+		t.Fatalf("%q: accepted opaque %q", line, m.opaque)
+	}
+	if m.verb == 's' && (!m.vlenOK || m.vlen < 0) {
+		t.Fatalf("%q: accepted length %d", line, m.vlen)
+	}
+}
+
+// FuzzMetaBase64 checks the key decoder against the standard library: a
+// key encoded the standard way decodes to itself, and no input panics.
+func FuzzMetaBase64(f *testing.F) {
+	for _, s := range []string{"Zm9v", "YQ==", "YWI=", "!!!", "====", "Zm=9v", "QUJD"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		appendBase64Decode(nil, b)
+		if len(b) == 0 {
+			return
+		}
+		enc := appendBase64(nil, b)
+		if want := base64.StdEncoding.EncodeToString(b); string(enc) != want {
+			t.Fatalf("encode %q = %q, want %q", b, enc, want)
+		}
+		if dec := appendBase64Decode(nil, enc); !bytes.Equal(dec, b) {
+			t.Fatalf("decode(encode(%q)) = %q", b, dec)
+		}
+	})
+}
+
+// metaParseLines are the lines the parse benchmarks read: a meta get as a
+// cache client sends it (value, flags, TTL, CAS, opaque, quiet) and a meta
+// set with flags, TTL, mode and opaque.
+var metaParseLines = []struct{ name, line string }{
+	{"mg", "mg P2:tenant-1:01HZ0000000000000000000000:bmFtZTp2YWx1ZQ v f t c O123 q k"},
+	{"ms", "ms S:tenant-1:01HZ0000000000000000000000:123456 16 F0 T604800 MS O7 q c"},
+	{"mg base64", "mg UDI6dGVuYW50LTE6MDFIWjAwMDAwMDAwMDAwMDAwMDAwMDAwMDA= b v f O1"},
+}
+
+// BenchmarkMetaParse measures splitting a meta line and reading its flags
+// as the connection does for every meta request; both must allocate
+// nothing once the connection's buffers exist.
+func BenchmarkMetaParse(b *testing.B) {
+	for _, tc := range metaParseLines {
+		b.Run(tc.name, func(b *testing.B) {
+			line := []byte(tc.line)
+			words := make([][]byte, 0, maxTokens)
+			var m metaReq
+			b.ReportAllocs()
+			b.SetBytes(int64(len(line)))
+			for b.Loop() {
+				var v verdict
+				_, words, v = parseLine(words, line)
+				parseMeta(&m, words, true)
+				if v != verdictRun || m.err != nil {
+					b.Fatalf("%q: %q", line, m.err)
+				}
+			}
+		})
+	}
+}
+
+// TestMetaParseAllocatesNothing holds the benchmark's promise in the test
+// suite.
+func TestMetaParseAllocatesNothing(t *testing.T) {
+	for _, tc := range metaParseLines {
+		line := []byte(tc.line)
+		words := make([][]byte, 0, maxTokens)
+		var m metaReq
+		parseMeta(&m, [][]byte{[]byte("mg"), []byte("Zm9v"), []byte("b")}, true) // grows keyBuf
+		allocs := testing.AllocsPerRun(100, func() {
+			_, words, _ = parseLine(words, line)
+			parseMeta(&m, words, true)
+		})
+		if allocs != 0 {
+			t.Errorf("%s: %.1f allocations per parse", tc.name, allocs)
+		}
+	}
+}

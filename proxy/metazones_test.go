@@ -1,0 +1,110 @@
+package proxy
+
+import (
+	"io"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// metaDo sends one meta request through lc and returns its reply: the
+// line, and the data block a VA line announces.
+func metaDo(t *testing.T, lc *lineClient, req string) string {
+	t.Helper()
+	lc.c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(lc.c, req); err != nil {
+		t.Fatal(err)
+	}
+	line, err := lc.br.ReadString('\n')
+	if err != nil {
+		t.Fatalf("%q: %v", req, err)
+	}
+	if rest, ok := strings.CutPrefix(line, "VA "); ok {
+		size, _, _ := strings.Cut(strings.TrimSuffix(rest, "\r\n"), " ")
+		n, err := strconv.Atoi(size)
+		if err != nil {
+			t.Fatalf("%q: %q", req, line)
+		}
+		block := make([]byte, n+2)
+		if _, err := io.ReadFull(lc.br, block); err != nil {
+			t.Fatal(err)
+		}
+		line += string(block)
+	}
+	return line
+}
+
+// TestMetaZones checks that the meta commands keep two zones in line as
+// the classic commands do: ms sets and md deletes reach every zone, mg
+// finds in another zone what the local one lacks, an ms add stores only
+// where no zone holds the key, and append mode and ma change the deciding
+// zone's copy and drop the others — with values plain and enveloped.
+func TestMetaZones(t *testing.T) {
+	for _, enveloped := range []bool{false, true} {
+		name := "plain"
+		if enveloped {
+			name = "enveloped"
+		}
+		t.Run(name, func(t *testing.T) {
+			a, b := startZone(t, 2), startZone(t, 2)
+			entries := []string{zoneEntry("a", a), zoneEntry("b", b)}
+			config := func(local string) Config {
+				cfg := zonedConfig(local, entries...)
+				if enveloped {
+					cfg.Codec = codecConfig()
+					cfg.EnvelopeAll = true
+				}
+				return cfg
+			}
+			_, addrA := startProxy(t, config("a"))
+			_, addrB := startProxy(t, config("b"))
+			viaA, viaB := newLineClient(t, addrA), newLineClient(t, addrB)
+			held := func(z []string, key string) bool {
+				_, _, ok := inZone(t, z, key)
+				return ok
+			}
+			expect := func(lc *lineClient, req, want string) {
+				t.Helper()
+				if got := metaDo(t, lc, req); got != want {
+					t.Fatalf("%q answered %q, want %q", req, got, want)
+				}
+			}
+
+			expect(viaA, "ms k1 3 F5\r\none\r\n", "HD\r\n")
+			if !held(a, "k1") || !held(b, "k1") {
+				t.Errorf("ms set did not reach both zones")
+			}
+			expect(viaB, "mg k1 v f k\r\n", "VA 3 f5 kk1\r\none\r\n")
+			expect(viaA, "md k1 q\r\nmn\r\n", "MN\r\n")
+			if held(a, "k1") || held(b, "k1") {
+				t.Errorf("md did not reach both zones")
+			}
+
+			// Only zone b holds k2: a's sidecar finds it there.
+			directSet(t, ownerOf(t, b, "k2"), "k2", 0, 0, "two")
+			expect(viaA, "mg k2 v s O7\r\n", "VA 3 s3 O7\r\ntwo\r\n")
+
+			expect(viaA, "ms k3 5 ME\r\nfirst\r\n", "HD\r\n")
+			expect(viaB, "ms k3 6 ME\r\nsecond\r\n", "NS\r\n")
+			expect(viaA, "mg k3 v\r\n", "VA 5\r\nfirst\r\n")
+			expect(viaB, "mg k3 v\r\n", "VA 5\r\nfirst\r\n")
+
+			expect(viaA, "ms k4 1\r\nx\r\n", "HD\r\n")
+			expect(viaA, "ms k4 1 MA\r\ny\r\n", "HD\r\n")
+			if held(b, "k4") {
+				t.Errorf("append mode left zone b's copy")
+			}
+			expect(viaB, "mg k4 v\r\n", "VA 2\r\nxy\r\n")
+
+			expect(viaA, "ms n 2\r\n10\r\n", "HD\r\n")
+			expect(viaA, "ma n D5 v\r\n", "VA 2\r\n15\r\n")
+			if held(b, "n") {
+				t.Errorf("ma left zone b's copy")
+			}
+			// Zone b lacks the copy: zone a decides b's sidecar's ma.
+			expect(viaB, "ma n v\r\n", "VA 2\r\n16\r\n")
+			expect(viaB, "ma none\r\n", "NF\r\n")
+		})
+	}
+}
