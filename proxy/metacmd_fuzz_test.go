@@ -163,3 +163,46 @@ func TestMetaParseAllocatesNothing(t *testing.T) {
 		}
 	}
 }
+
+// FuzzMetaDifferential sends arbitrary mg, md, ma, mn and me lines to
+// memcached and to the proxy in front of another memcached and compares
+// the replies byte for byte: the parser must refuse what memcached refuses,
+// with its words, and accept what it accepts. (ms lines are left out: their
+// data blocks are covered by the differential scripts.) Seeds are the
+// lines of the differential scripts.
+func FuzzMetaDifferential(f *testing.F) {
+	for _, l := range metaSeedLines() {
+		f.Add([]byte(l))
+	}
+	direct, upstream := startMemcached(f), startMemcached(f)
+	_, addr := startProxy(f, testConfig(upstream))
+	f.Fuzz(func(t *testing.T, input []byte) {
+		var req []byte
+		for _, l := range bytes.Split(input, []byte("\n")) {
+			l = bytes.TrimSuffix(l, []byte("\r"))
+			if i := bytes.IndexByte(l, 0); i >= 0 {
+				l = l[:i]
+			}
+			if len(l) > lineLimit {
+				continue
+			}
+			w := bytes.Fields(bytes.ReplaceAll(l, []byte("\t"), []byte("x")))
+			if len(w) == 0 || len(w[0]) != 2 || w[0][0] != 'm' || w[0][1] == 's' {
+				continue
+			}
+			req = append(append(req, l...), "\r\n"...)
+		}
+		if req == nil {
+			return
+		}
+		// Both start from an empty cache, with one item to find.
+		const setup = "flush_all\r\nset a 1 0 2\r\n10\r\n"
+		exchange(t, direct, setup)
+		exchange(t, addr, setup)
+		want := exchange(t, direct, string(req))
+		got := exchange(t, addr, string(req))
+		if got != want {
+			t.Fatalf("request %q\nproxy     %q\nmemcached %q", req, short(got), short(want))
+		}
+	})
+}

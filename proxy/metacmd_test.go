@@ -134,3 +134,15 @@ func TestMetaDifferentialEnvelopeAll(t *testing.T) {
 func TestMetaDifferentialKeyspace(t *testing.T) {
 	runDifferential(t, slices.Concat(metaDiffCases, metaSeparately), 1, keyspaceConfig, metaKeyspaceWant)
 }
+
+// TestMetaDifferentialThreeServers runs the meta cases through a proxy
+// that spreads keys over three servers, values plain and enveloped; cases
+// that name CAS values are left out (each server counts its own).
+func TestMetaDifferentialThreeServers(t *testing.T) {
+	t.Run("plain", func(t *testing.T) {
+		runDifferential(t, slices.Concat(metaDiffCases, metaSeparately), 3, testConfig, nil)
+	})
+	t.Run("enveloped", func(t *testing.T) {
+		runDifferential(t, metaDiffCases, 3, envelopeAllConfig, metaEnvelopeWant)
+	})
+}
