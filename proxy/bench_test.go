@@ -144,6 +144,16 @@ func (rc *rawClient) roundTrip(req []byte, end string) error {
 			}
 			continue
 		}
+		if strings.HasPrefix(string(line), "VA ") { // a meta get's value
+			var size int
+			if _, err := fmt.Sscanf(string(line), "VA %d", &size); err != nil {
+				return err
+			}
+			if _, err := rc.rw.Discard(size + 2); err != nil {
+				return err
+			}
+			continue
+		}
 		return fmt.Errorf("unexpected reply %q", line)
 	}
 }

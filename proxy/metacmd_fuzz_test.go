@@ -206,3 +206,24 @@ func FuzzMetaDifferential(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkMetaEndToEnd measures a meta get and a meta set of a 1 KiB
+// value through the proxy beside the classic get and set, one connection,
+// one request at a time: what the meta path (its own parse, the reply
+// rebuilt in the client's flag order) costs over the classic one.
+func BenchmarkMetaEndToEnd(b *testing.B) {
+	mc := startMemcached(b)
+	_, px := startProxy(b, testConfig(mc))
+	value := strings.Repeat("v", 1024)
+	if err := newRawClient(b, mc).roundTrip([]byte("set bench:key 0 0 1024\r\n"+value+"\r\n"), "STORED"); err != nil {
+		b.Fatal(err)
+	}
+	for _, op := range []struct{ name, req, end string }{
+		{"get", "get bench:key\r\n", "END"},
+		{"mg", "mg bench:key v f t O1\r\nmn\r\n", "MN"},
+		{"set", "set bench:key 0 0 1024\r\n" + value + "\r\n", "STORED"},
+		{"ms", "ms bench:key 1024 T0 F0 O1\r\n" + value + "\r\n", "HD"},
+	} {
+		b.Run(op.name, func(b *testing.B) { benchRoundTrips(b, px, []byte(op.req), op.end) })
+	}
+}

@@ -253,7 +253,7 @@ func (c *conn) metaGet(w [][]byte) error {
 			return c.upstreamError(cmdMetaGet, srv, err)
 		}
 		srv.dropIdle(err)
-		c.p.stats.recordKey(m.hasTTL, false)
+		c.metaCountKey(m, false)
 		c.metaMiss(m)
 		return nil
 	}
@@ -261,7 +261,7 @@ func (c *conn) metaGet(w [][]byte) error {
 	c.mst.up = append(c.mst.up[:0], line...)
 	if !r.parse(c.mst.up) || r.code != [2]byte{'V', 'A'} && r.code != [2]byte{'H', 'D'} {
 		if bytes.HasPrefix(line, metaCodeMiss) {
-			c.p.stats.recordKey(m.hasTTL, false)
+			c.metaCountKey(m, false)
 			c.metaMiss(m)
 			return nil
 		}
@@ -281,7 +281,7 @@ func (c *conn) metaGet(w [][]byte) error {
 			c.keyBuf = append(c.keyBuf[:0], m.key...)
 			value, flags, ok = c.open(srv, c.keyBuf, k, bound, flags, value)
 			if !ok {
-				c.p.stats.recordKey(m.hasTTL, false)
+				c.metaCountKey(m, false)
 				c.metaMiss(m)
 				return nil
 			}
@@ -290,12 +290,12 @@ func (c *conn) metaGet(w [][]byte) error {
 			// value at an equal key: a miss. An empty one with no flags
 			// is the stub N created, and holds nothing of anyone's.
 			c.p.stats.keyUnbound.Add(1)
-			c.p.stats.recordKey(m.hasTTL, false)
+			c.metaCountKey(m, false)
 			c.metaMiss(m)
 			return nil
 		}
 	}
-	c.p.stats.recordKey(m.hasTTL, true)
+	c.metaCountKey(m, true)
 	c.p.stats.record(cmdMetaGet, outcomeHit)
 	out := c.mst.out[:0]
 	if m.value {
@@ -340,6 +340,18 @@ func (c *conn) metaGet(w [][]byte) error {
 	return nil
 }
 
+// metaCountKey counts an mg's key as a retrieval's, hit or miss, for
+// the proxy and for the key's tenant.
+func (c *conn) metaCountKey(m *metaReq, hit bool) {
+	c.p.stats.recordKey(m.hasTTL, hit)
+	if t := c.tenantOf(m.key); t != nil {
+		t.requests.Add(1)
+		if hit {
+			t.hits.Add(1)
+		}
+	}
+}
+
 // metaSet answers ms. As store does for the classic commands, the data
 // block of a refused request is always consumed when its length was read.
 func (c *conn) metaSet(w [][]byte) error {
@@ -370,6 +382,10 @@ func (c *conn) metaSet(w [][]byte) error {
 		st.record(cmdMetaSet, outcomeClientError)
 		c.wr.Write(replyBadFormat)
 		return c.rd.discard(m.vlen + 2)
+	}
+	tenant := c.tenantOf(m.key)
+	if tenant != nil {
+		tenant.requests.Add(1)
 	}
 	join := m.mode == 'A' || m.mode == 'P'
 	flags := m.clientFlags
@@ -441,6 +457,9 @@ func (c *conn) metaSet(w [][]byte) error {
 	if r.code == [2]byte{'H', 'D'} {
 		if enveloped {
 			c.countStored(m.vlen, len(value))
+		}
+		if tenant != nil {
+			tenant.written.Add(uint64(len(value)))
 		}
 		switch {
 		case join:
