@@ -108,3 +108,49 @@ func TestMetaZones(t *testing.T) {
 		})
 	}
 }
+
+// TestMetaConcurrentEnvelopedUpdatesLoseNothing runs ma and append-mode ms
+// on enveloped items from several connections at once: every update that
+// was answered HD must be in the final value, as with memcached's own
+// atomic ones.
+func TestMetaConcurrentEnvelopedUpdatesLoseNothing(t *testing.T) {
+	_, addr := startProxy(t, envelopeAllConfig(startMemcached(t)))
+	setup := newLineClient(t, addr)
+	metaDo(t, setup, "ms n 1\r\n0\r\n")
+	metaDo(t, setup, "ms log 0\r\n\r\n")
+	const workers, each = 4, 40
+	done := make(chan [2]int)
+	for range workers {
+		go func() {
+			lc := newLineClient(t, addr)
+			var ok [2]int
+			for range each {
+				if r := metaDo(t, lc, "ma n\r\n"); r == "HD\r\n" {
+					ok[0]++
+				} else if !strings.HasPrefix(r, "SERVER_ERROR") {
+					t.Errorf("ma: %q", r)
+				}
+				if r := metaDo(t, lc, "ms log 1 MA\r\n+\r\n"); r == "HD\r\n" {
+					ok[1]++
+				} else if !strings.HasPrefix(r, "SERVER_ERROR") {
+					t.Errorf("ms append: %q", r)
+				}
+			}
+			done <- ok
+		}()
+	}
+	var total [2]int
+	for range workers {
+		ok := <-done
+		total[0] += ok[0]
+		total[1] += ok[1]
+	}
+	n := strconv.Itoa(total[0])
+	if r := metaDo(t, setup, "mg n v\r\n"); r != "VA "+strconv.Itoa(len(n))+"\r\n"+n+"\r\n" {
+		t.Errorf("after %d ma: %q", total[0], r)
+	}
+	if r := metaDo(t, setup, "mg log s\r\n"); r != "HD s"+strconv.Itoa(total[1])+"\r\n" {
+		t.Errorf("after %d appends: %q", total[1], r)
+	}
+	t.Logf("%d of %d ma and %d of %d appends took", total[0], workers*each, total[1], workers*each)
+}
