@@ -183,12 +183,12 @@ func (c *conn) metaMiss(m *metaReq) {
 // zone and, while the answer is a miss or a failure, in the other zones in
 // order. It returns the answer that ends the search (a hit, or the local
 // zone's answer when no zone had the key), its call (a hit's value is in
-// its arena) and server.
-func (c *conn) metaRead(k string) (line []byte, call *getCall, srv *server, err error) {
+// its arena), server and zone.
+func (c *conn) metaRead(k string) (line []byte, call *getCall, srv *server, from int, err error) {
 	if c.zs == nil {
 		srv = c.up.servers[c.serverFor(k)]
 		line, err = c.send(srv, c.req, nil)
-		return line, c.cmd, srv, err
+		return line, c.cmd, srv, 0, err
 	}
 	rehash := c.p.cfg.EjectRehash
 	for z := range c.zs {
@@ -196,13 +196,58 @@ func (c *conn) metaRead(k string) (line []byte, call *getCall, srv *server, err 
 		s := zc.up.servers[zc.up.pick(k, rehash)]
 		l, e := sendOn(zc.cmd, s, c.req, nil)
 		if z == 0 || err != nil && e == nil {
-			line, call, srv, err = l, zc.cmd, s, e
+			line, call, srv, from, err = l, zc.cmd, s, z, e
 		}
 		if e == nil && !bytes.HasPrefix(l, metaCodeMiss) {
-			return l, zc.cmd, s, nil
+			return l, zc.cmd, s, z, nil
 		}
 	}
-	return line, call, srv, err
+	return line, call, srv, from, err
+}
+
+// metaFill stores a hit that another zone answered into the local zone,
+// as fillLocal does for get: with an add, so a value the local zone got
+// meanwhile stays, with the bytes and flags memcached holds (envelope
+// included) and the item's remaining time to live, or a touch's new one.
+// The client's reply is written first.
+func (c *conn) metaFill(k string, m *metaReq, r *metaReply, stored []byte, storedFlags uint32) {
+	var exptime int64
+	switch tok, _ := r.flag('t'); {
+	case m.hasTTL:
+		exptime = int64(m.ttl)
+	case string(tok) == "-1":
+	default:
+		ttl, ok := parseDecimal(tok, 1<<31-1)
+		if !ok || ttl == 0 {
+			return // gone in under a second: not worth it
+		}
+		exptime = exptimeOf(int32(ttl))
+	}
+	c.flush()
+	req := append(c.alignReq[:0], "ms "...)
+	if m.wireBin {
+		req = appendBase64(req, []byte(k))
+	} else {
+		req = append(req, k...)
+	}
+	req = append(req, ' ')
+	req = strconv.AppendInt(req, int64(len(stored)), 10)
+	if m.wireBin {
+		req = append(req, " b"...)
+	}
+	req = appendMetaFlag(req, 'F', int64(storedFlags))
+	req = appendMetaFlag(req, 'T', exptime)
+	c.alignReq = append(req, " ME\r\n"...)
+	zc := &c.zs[0]
+	line, err := sendOn(zc.cmd, zc.up.servers[zc.up.pick(k, c.p.cfg.EjectRehash)], c.alignReq, stored)
+	switch {
+	case err != nil:
+		c.p.fills[fillFailed].Add(1)
+	case bytes.HasPrefix(line, metaCodeStored):
+		c.p.fills[fillStored].Add(1)
+	default:
+		c.p.fills[fillNotStored].Add(1)
+	}
 }
 
 // metaGet answers mg. It asks upstream for the value and flags whenever
@@ -236,18 +281,24 @@ func (c *conn) metaGet(w [][]byte) error {
 			c.req = appendMetaFlag(c.req, 'R', int64(m.recache))
 		}
 	}
-	if codec && !m.has('v') {
+	// A hit from another zone is filled into the local one: that needs
+	// its bytes, flags and time to live.
+	filling := c.zs != nil && c.p.cfg.ZoneFill
+	if (codec || filling) && !m.has('v') {
 		c.req = append(c.req, " v"...)
 	}
-	if codec && !m.has('f') {
+	if (codec || filling) && !m.has('f') {
 		c.req = append(c.req, " f"...)
+	}
+	if filling && !m.has('t') {
+		c.req = append(c.req, " t"...)
 	}
 	c.req = append(c.req, crlf...)
 	if m.hasTTL {
 		c.forget(k) // a touch: the local tier's entry would outlive it
 		defer c.forget(k)
 	}
-	line, call, srv, err := c.metaRead(k)
+	line, call, srv, from, err := c.metaRead(k)
 	if err != nil {
 		if c.p.cfg.RetrievalFailure == failureError {
 			return c.upstreamError(cmdMetaGet, srv, err)
@@ -274,6 +325,7 @@ func (c *conn) metaGet(w [][]byte) error {
 	if tok, ok := r.flag('f'); ok {
 		flags, _ = parseUint32(tok)
 	}
+	stored, storedFlags := value, flags
 	if codec {
 		enveloped := c.p.codec.IsEnveloped(flags)
 		switch {
@@ -336,6 +388,9 @@ func (c *conn) metaGet(w [][]byte) error {
 	if m.value {
 		c.wr.Write(value)
 		c.wr.Write(crlf)
+	}
+	if from > 0 && filling {
+		c.metaFill(k, m, r, stored, storedFlags)
 	}
 	return nil
 }
@@ -974,7 +1029,7 @@ func (c *conn) metaDebug(w [][]byte) error {
 		return nil
 	}
 	c.req = append(appendMetaHead(c.req[:0], "me ", k, m.wireBin), crlf...)
-	line, _, srv, err := c.metaRead(k)
+	line, _, srv, _, err := c.metaRead(k)
 	if err != nil {
 		return c.upstreamError(cmdMetaDebug, srv, err)
 	}

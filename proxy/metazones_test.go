@@ -84,6 +84,9 @@ func TestMetaZones(t *testing.T) {
 			// Only zone b holds k2: a's sidecar finds it there.
 			directSet(t, ownerOf(t, b, "k2"), "k2", 0, 0, "two")
 			expect(viaA, "mg k2 v s O7\r\n", "VA 3 s3 O7\r\ntwo\r\n")
+			if !waitFor(2*time.Second, func() bool { return held(a, "k2") }) {
+				t.Errorf("mg did not fill zone a from zone b")
+			}
 
 			expect(viaA, "ms k3 5 ME\r\nfirst\r\n", "HD\r\n")
 			expect(viaB, "ms k3 6 ME\r\nsecond\r\n", "NS\r\n")
