@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"fmt"
 	"io"
 	"strconv"
 	"strings"
@@ -12,27 +13,37 @@ import (
 // line, and the data block a VA line announces.
 func metaDo(t *testing.T, lc *lineClient, req string) string {
 	t.Helper()
+	reply, err := metaTry(lc, req)
+	if err != nil {
+		t.Fatalf("%q: %v", req, err)
+	}
+	return reply
+}
+
+// metaTry is metaDo for goroutines other than the test's: it returns the
+// error instead of ending the test.
+func metaTry(lc *lineClient, req string) (string, error) {
 	lc.c.SetDeadline(time.Now().Add(5 * time.Second))
 	if _, err := io.WriteString(lc.c, req); err != nil {
-		t.Fatal(err)
+		return "", err
 	}
 	line, err := lc.br.ReadString('\n')
 	if err != nil {
-		t.Fatalf("%q: %v", req, err)
+		return line, err
 	}
 	if rest, ok := strings.CutPrefix(line, "VA "); ok {
 		size, _, _ := strings.Cut(strings.TrimSuffix(rest, "\r\n"), " ")
 		n, err := strconv.Atoi(size)
 		if err != nil {
-			t.Fatalf("%q: %q", req, line)
+			return line, fmt.Errorf("bad VA line %q", line)
 		}
 		block := make([]byte, n+2)
 		if _, err := io.ReadFull(lc.br, block); err != nil {
-			t.Fatal(err)
+			return line, err
 		}
 		line += string(block)
 	}
-	return line
+	return line, nil
 }
 
 // TestMetaZones checks that the meta commands keep two zones in line as
@@ -128,15 +139,15 @@ func TestMetaConcurrentEnvelopedUpdatesLoseNothing(t *testing.T) {
 			lc := newLineClient(t, addr)
 			var ok [2]int
 			for range each {
-				if r := metaDo(t, lc, "ma n\r\n"); r == "HD\r\n" {
+				if r, err := metaTry(lc, "ma n\r\n"); r == "HD\r\n" {
 					ok[0]++
-				} else if !strings.HasPrefix(r, "SERVER_ERROR") {
-					t.Errorf("ma: %q", r)
+				} else if err != nil || !strings.HasPrefix(r, "SERVER_ERROR") {
+					t.Errorf("ma: %q %v", r, err)
 				}
-				if r := metaDo(t, lc, "ms log 1 MA\r\n+\r\n"); r == "HD\r\n" {
+				if r, err := metaTry(lc, "ms log 1 MA\r\n+\r\n"); r == "HD\r\n" {
 					ok[1]++
-				} else if !strings.HasPrefix(r, "SERVER_ERROR") {
-					t.Errorf("ms append: %q", r)
+				} else if err != nil || !strings.HasPrefix(r, "SERVER_ERROR") {
+					t.Errorf("ms append: %q %v", r, err)
 				}
 			}
 			done <- ok
