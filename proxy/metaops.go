@@ -172,6 +172,11 @@ func (c *conn) metaNoop([][]byte) error {
 // metaMiss answers a meta get that found nothing: EN, unless quiet.
 func (c *conn) metaMiss(m *metaReq) {
 	c.p.stats.record(cmdMetaGet, outcomeMiss)
+	c.writeMetaMiss(m)
+}
+
+// writeMetaMiss writes EN, unless quiet.
+func (c *conn) writeMetaMiss(m *metaReq) {
 	if m.quiet {
 		return
 	}
@@ -303,9 +308,11 @@ func (c *conn) metaGet(w [][]byte) error {
 		if c.p.cfg.RetrievalFailure == failureError {
 			return c.upstreamError(cmdMetaGet, srv, err)
 		}
+		// A miss for the client, an upstream error in the counters.
 		srv.dropIdle(err)
 		c.metaCountKey(m, false)
-		c.metaMiss(m)
+		c.p.stats.record(cmdMetaGet, outcomeUpstreamError)
+		c.writeMetaMiss(m)
 		return nil
 	}
 	r := &c.mst.rep
@@ -377,9 +384,10 @@ func (c *conn) metaGet(w [][]byte) error {
 			out = appendMetaKey(out, m.key, bin || m.bin && !m.wireBin)
 		}
 	}
-	for _, l := range []byte("ZXW") {
-		if _, ok := r.flag(l); ok {
-			out = append(out, ' ', l)
+	// memcached ends with Z (a win was sent), X (stale), W (won).
+	for i := range len(metaEndFlags) {
+		if _, ok := r.flag(metaEndFlags[i]); ok {
+			out = append(out, ' ', metaEndFlags[i])
 		}
 	}
 	out = append(out, crlf...)
@@ -394,6 +402,9 @@ func (c *conn) metaGet(w [][]byte) error {
 	}
 	return nil
 }
+
+// metaEndFlags are the flags memcached appends to an mg hit, in its order.
+const metaEndFlags = "ZXW"
 
 // metaCountKey counts an mg's key as a retrieval's, hit or miss, for
 // the proxy and for the key's tenant.
