@@ -168,3 +168,45 @@ func TestMetaConcurrentEnvelopedUpdatesLoseNothing(t *testing.T) {
 	}
 	t.Logf("%d of %d ma and %d of %d appends took", total[0], workers*each, total[1], workers*each)
 }
+
+// TestMetaLongKeys runs the meta commands on keys over 250 bytes with key
+// settings on: rewritten upstream, their values bound to the client key,
+// and the client's own key in every reply.
+func TestMetaLongKeys(t *testing.T) {
+	_, addr := startProxy(t, keyspaceConfig(startMemcached(t)))
+	lc := newLineClient(t, addr)
+	long, counter := strings.Repeat("k", 300), strings.Repeat("c", 300)
+	for _, step := range []struct{ req, want string }{
+		{"ms " + long + " 2 F3 T0 k\r\nhi\r\n", "HD k" + long + "\r\n"},
+		{"mg " + long + " v f s k\r\n", "VA 2 f3 s2 k" + long + "\r\nhi\r\n"},
+		{"ms " + long + " 1 MA\r\n!\r\n", "HD\r\n"},
+		{"mg " + long + " v f\r\n", "VA 3 f3\r\nhi!\r\n"},
+		{"ma " + counter + " N0 J5 v k\r\n", "VA 1 k" + counter + "\r\n5\r\n"},
+		{"ma " + counter + " D10 v\r\n", "VA 2\r\n15\r\n"},
+		{"mg " + counter + " N30 v\r\n", "VA 2\r\n15\r\n"},
+		{"md " + long + " k\r\n", "HD k" + long + "\r\n"},
+		{"mg " + long + " v k\r\n", "EN k" + long + "\r\n"},
+		{"mg " + long + " N30 v s\r\n", "VA 0 s0 W\r\n\r\n"},
+	} {
+		if got := metaDo(t, lc, step.req); got != step.want {
+			t.Fatalf("%q answered %q, want %q", short(step.req), short(got), short(step.want))
+		}
+	}
+	if got := metaDo(t, lc, "me "+counter+"\r\n"); !strings.HasPrefix(got, "ME "+counter+" exp=-1 ") {
+		t.Errorf("me answered %q", short(got))
+	}
+}
+
+// TestMetaGetUpstreamFailureIsAMiss: with its server down, mg answers EN
+// (the default retrieval failure policy) and counts an upstream error.
+func TestMetaGetUpstreamFailureIsAMiss(t *testing.T) {
+	cfg := testConfig(deadUpstream(t))
+	cfg.ConnectTimeout = 100 * time.Millisecond
+	p, addr := startProxy(t, cfg)
+	if got := metaDo(t, newLineClient(t, addr), "mg k v O1 k\r\n"); got != "EN O1 kk\r\n" {
+		t.Fatalf("mg answered %q", got)
+	}
+	if n := p.stats.requests[cmdMetaGet][outcomeUpstreamError].Load(); n != 1 {
+		t.Errorf("%d mg upstream errors counted, want 1", n)
+	}
+}
