@@ -273,37 +273,26 @@ func (c *conn) metaGet(w [][]byte) error {
 		return nil
 	}
 	codec := c.p.codec != nil
-	c.req = appendMetaHead(c.req[:0], "mg ", k, m.wireBin)
-	for _, f := range m.flags[:m.nflags] {
-		switch f[0] {
-		case 's', 't', 'c', 'f', 'l', 'h', 'v', 'u', 'k':
-			c.req = append(c.req, ' ', f[0])
-		case 'T':
-			c.req = appendMetaFlag(c.req, 'T', int64(m.ttl))
-		case 'N':
-			c.req = appendMetaFlag(c.req, 'N', int64(m.vivify))
-		case 'R':
-			c.req = appendMetaFlag(c.req, 'R', int64(m.recache))
-		}
-	}
 	// A hit from another zone is filled into the local one: that needs
 	// its bytes, flags and time to live.
 	filling := c.zs != nil && c.p.cfg.ZoneFill
-	if (codec || filling) && !m.has('v') {
-		c.req = append(c.req, " v"...)
-	}
-	if (codec || filling) && !m.has('f') {
-		c.req = append(c.req, " f"...)
-	}
-	if filling && !m.has('t') {
-		c.req = append(c.req, " t"...)
-	}
-	c.req = append(c.req, crlf...)
 	if m.hasTTL {
 		c.forget(k) // a touch: the local tier's entry would outlive it
 		defer c.forget(k)
 	}
+	// With zones, N creates the item only once no zone has it: the
+	// zones are asked without it first, as a write is never decided by
+	// a copy missing in one zone.
+	vivifyLast := c.zs != nil && m.hasVivify
+	c.req = c.appendMetaGet(c.req[:0], k, m, codec, filling, !vivifyLast)
 	line, call, srv, from, err := c.metaRead(k)
+	if vivifyLast && err == nil && bytes.HasPrefix(line, metaCodeMiss) {
+		c.req = c.appendMetaGet(c.req[:0], k, m, codec, filling, true)
+		zc := &c.zs[0]
+		srv = zc.up.servers[zc.up.pick(k, c.p.cfg.EjectRehash)]
+		line, err = sendOn(zc.cmd, srv, c.req, nil)
+		call, from = zc.cmd, 0
+	}
 	if err != nil {
 		if c.p.cfg.RetrievalFailure == failureError {
 			return c.upstreamError(cmdMetaGet, srv, err)
@@ -401,6 +390,38 @@ func (c *conn) metaGet(w [][]byte) error {
 		c.metaFill(k, m, r, stored, storedFlags)
 	}
 	return nil
+}
+
+// appendMetaGet appends the mg that asks upstream for what the client's
+// mg needs: its flags but b, O, q, k (and N unless vivify), in its order,
+// the value and flags when an envelope may have to be opened (codec) or
+// the hit filled into the local zone, and the TTL for that fill.
+func (c *conn) appendMetaGet(dst []byte, k string, m *metaReq, codec, filling, vivify bool) []byte {
+	dst = appendMetaHead(dst, "mg ", k, m.wireBin)
+	for _, f := range m.flags[:m.nflags] {
+		switch f[0] {
+		case 's', 't', 'c', 'f', 'l', 'h', 'v', 'u', 'k':
+			dst = append(dst, ' ', f[0])
+		case 'T':
+			dst = appendMetaFlag(dst, 'T', int64(m.ttl))
+		case 'N':
+			if vivify {
+				dst = appendMetaFlag(dst, 'N', int64(m.vivify))
+			}
+		case 'R':
+			dst = appendMetaFlag(dst, 'R', int64(m.recache))
+		}
+	}
+	if (codec || filling) && !m.has('v') {
+		dst = append(dst, " v"...)
+	}
+	if (codec || filling) && !m.has('f') {
+		dst = append(dst, " f"...)
+	}
+	if filling && !m.has('t') {
+		dst = append(dst, " t"...)
+	}
+	return append(dst, crlf...)
 }
 
 // metaEndFlags are the flags memcached appends to an mg hit, in its order.

@@ -99,6 +99,13 @@ func TestMetaZones(t *testing.T) {
 				t.Errorf("mg did not fill zone a from zone b")
 			}
 
+			// N creates the item only where no zone has it, so one
+			// client wins the recache, whichever sidecar it asks.
+			directSet(t, ownerOf(t, b, "k5"), "k5", 0, 0, "five")
+			expect(viaA, "mg k5 N30 v\r\n", "VA 4\r\nfive\r\n")
+			expect(viaA, "mg k6 N30 v s\r\n", "VA 0 s0 W\r\n\r\n")
+			expect(viaB, "mg k6 N30 v s\r\n", "VA 0 s0 Z\r\n\r\n")
+
 			expect(viaA, "ms k3 5 ME\r\nfirst\r\n", "HD\r\n")
 			expect(viaB, "ms k3 6 ME\r\nsecond\r\n", "NS\r\n")
 			expect(viaA, "mg k3 v\r\n", "VA 5\r\nfirst\r\n")
