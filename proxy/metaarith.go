@@ -1,0 +1,232 @@
+package proxy
+
+// The meta arithmetic command, ma, on plain and enveloped counters.
+
+import (
+	"bytes"
+	"strconv"
+	"time"
+)
+
+// metaArithmetic answers ma. Like incr and decr it goes zone after zone
+// until one has the item, and the others drop their copy when it changed.
+func (c *conn) metaArithmetic(w [][]byte) error {
+	m := c.readMeta(w)
+	if m.err != nil {
+		return c.clientError(cmdMetaArithmetic, m.err)
+	}
+	k, bound, holdable, ok := c.metaKey(cmdMetaArithmetic, m)
+	if !ok {
+		return nil
+	}
+	if !holdable {
+		return c.metaAnswer(cmdMetaArithmetic, m, metaCodeNotFound, nil, nil)
+	}
+	if bound || c.envelopes(m.key, 0) {
+		if !forwardable([]byte(k)) {
+			return c.metaAnswer(cmdMetaArithmetic, m, metaCodeNotFound, nil, nil)
+		}
+		c.keyBuf = append(c.keyBuf[:0], m.key...)
+		return c.modifyInZones(k, func(srv *server) error {
+			return c.metaArithmeticEnveloped(m, srv, k, bound)
+		})
+	}
+	c.req = appendMetaHead(c.req[:0], "ma ", k, m.wireBin)
+	for _, f := range m.flags[:m.nflags] {
+		switch f[0] {
+		case 't', 'c', 'v':
+			c.req = append(c.req, ' ', f[0])
+		case 'T':
+			c.req = appendMetaFlag(c.req, 'T', int64(m.ttl))
+		case 'N':
+			c.req = appendMetaFlag(c.req, 'N', int64(m.vivify))
+		case 'J':
+			c.req = append(c.req, " J"...)
+			c.req = strconv.AppendUint(c.req, m.initial, 10)
+		case 'D':
+			c.req = append(c.req, " D"...)
+			c.req = strconv.AppendUint(c.req, m.delta, 10)
+		case 'C':
+			c.req = append(c.req, " C"...)
+			c.req = strconv.AppendUint(c.req, m.cas, 10)
+		case 'M':
+			c.req = append(c.req, ' ', 'M', m.mode)
+		}
+	}
+	c.req = append(c.req, crlf...)
+	line, z, srv, err := c.sendDeciding(k, c.req, nil)
+	if err != nil {
+		return c.upstreamError(cmdMetaArithmetic, srv, err)
+	}
+	r := &c.mst.rep
+	c.mst.up = append(c.mst.up[:0], line...)
+	if !r.parse(c.mst.up) {
+		c.answer(cmdMetaArithmetic, line)
+		return nil
+	}
+	var value []byte
+	if r.code == [2]byte{'V', 'A'} {
+		value = c.cmdCall(z).arena
+	}
+	if r.code == [2]byte{'V', 'A'} || r.code == [2]byte{'H', 'D'} {
+		c.metaAlignDelete(z, k, m.wireBin)
+		return c.metaAnswer(cmdMetaArithmetic, m, metaCodeStored, r, value)
+	}
+	return c.metaAnswer(cmdMetaArithmetic, m, r.code[:], r, nil)
+}
+
+// metaArithmeticEnveloped answers ma on a key whose values are enveloped,
+// with memcached's arithmetic (see arithmeticEnveloped): a missing item is
+// NF, or with N created from J (default 0) by an add; a CAS the item no
+// longer has is EX. The client key is in c.keyBuf.
+func (c *conn) metaArithmeticEnveloped(m *metaReq, srv *server, k string, bound bool) error {
+	id := cmdMetaArithmetic
+	c.changed = false
+	for attempt := range rmwAttempts {
+		backoff(attempt)
+		old, it, found, err := c.readForUpdate(srv, k, c.keyBuf, bound)
+		if err != nil {
+			return c.upstreamError(id, srv, err)
+		}
+		var n, cas uint64
+		var oldTTL int32
+		if !found && c.quietMiss {
+			// Another zone may have it: only the last one asked
+			// answers NF or creates the item.
+			c.missed = true
+			return nil
+		}
+		if !found {
+			if !m.hasVivify {
+				return c.metaAnswer(id, m, metaCodeNotFound, nil, nil)
+			}
+			n, oldTTL = m.initial, -1
+			c.tmp = strconv.AppendUint(c.tmp[:0], n, 10)
+			ttl := metaTTL(m, oldTTL, true)
+			stored, storedFlags := c.encode(c.keyBuf, bound, 0, c.tmp)
+			c.alignReq = append(append(c.alignReq[:0], "ms "...), k...)
+			c.alignReq = append(c.alignReq, ' ')
+			c.alignReq = strconv.AppendInt(c.alignReq, int64(len(stored)), 10)
+			c.alignReq = appendMetaFlag(c.alignReq, 'F', int64(storedFlags))
+			c.alignReq = appendMetaFlag(c.alignReq, 'T', exptimeOf(ttl))
+			c.alignReq = append(c.alignReq, " ME c\r\n"...)
+			line, err := c.send(srv, c.alignReq, stored)
+			if err != nil {
+				return c.upstreamError(id, srv, err)
+			}
+			if !bytes.HasPrefix(line, storedWithCAS) {
+				continue // another client created it first
+			}
+			cas, _ = parseUint64(bytes.TrimSuffix(line[len(storedWithCAS):], crlf))
+			c.changed = true
+			return c.metaArithmeticAnswer(m, n, cas, oldTTL, true)
+		}
+		if m.hasCAS && it.cas != m.cas {
+			return c.metaAnswer(id, m, metaCodeExists, nil, nil)
+		}
+		var ok bool
+		if n, ok = parseCounter(old); !ok {
+			return c.clientError(id, replyNonNumeric)
+		}
+		switch {
+		case m.mode != 'D' && m.mode != '-':
+			n += m.delta
+		case m.delta > n:
+			n = 0
+		default:
+			n -= m.delta
+		}
+		c.tmp = strconv.AppendUint(c.tmp[:0], n, 10)
+		for len(c.tmp) < len(old) {
+			c.tmp = append(c.tmp, ' ')
+		}
+		oldTTL = it.ttl
+		it.ttl = metaTTL(m, oldTTL, false)
+		conflict, notStored, newCAS, err := c.writeBackCAS(srv, k, c.keyBuf, bound, it, c.tmp)
+		if err != nil {
+			return c.upstreamError(id, srv, err)
+		}
+		if !conflict && !notStored {
+			c.changed = true
+			return c.metaArithmeticAnswer(m, n, newCAS, oldTTL, false)
+		}
+	}
+	c.p.stats.record(id, outcomeUpstreamError)
+	c.wr.Write(replyContended)
+	return nil
+}
+
+// metaTTL walks ma's flags in order as memcached does: T sets the item's
+// time to live, and N does when the item was just created. It returns the
+// time to live the item ends with (seconds, -1: never).
+func metaTTL(m *metaReq, ttl int32, created bool) int32 {
+	for _, f := range m.flags[:m.nflags] {
+		switch f[0] {
+		case 'T':
+			ttl = ttlOf(m.ttl)
+		case 'N':
+			if created {
+				ttl = ttlOf(m.vivify)
+			}
+		}
+	}
+	return ttl
+}
+
+// ttlOf is the time to live an exptime gives, in seconds (-1: never; 0:
+// already expired), as memcached reads exptimes.
+func ttlOf(exptime int32) int32 {
+	switch {
+	case exptime == 0:
+		return -1
+	case exptime < 0:
+		return 0
+	case exptime > maxRelativeTTL:
+		return max(0, exptime-int32(time.Now().Unix()))
+	}
+	return exptime
+}
+
+// metaArithmeticAnswer answers an enveloped ma that took: HD or VA with the
+// number, c the new CAS value, t the time to live as it stood where the
+// client put t.
+func (c *conn) metaArithmeticAnswer(m *metaReq, n, cas uint64, ttl int32, created bool) error {
+	c.p.stats.record(cmdMetaArithmetic, outcomeOK)
+	if m.quiet {
+		return nil
+	}
+	out := c.mst.out[:0]
+	c.scratch = strconv.AppendUint(c.scratch[:0], n, 10)
+	if m.value {
+		out = append(out, metaValue...)
+		out = strconv.AppendInt(out, int64(len(c.scratch)), 10)
+	} else {
+		out = append(out, metaCodeStored...)
+	}
+	for _, f := range m.flags[:m.nflags] {
+		switch f[0] {
+		case 'T':
+			ttl = ttlOf(m.ttl)
+		case 'N':
+			if created {
+				ttl = ttlOf(m.vivify)
+			}
+		case 'c':
+			out = append(out, " c"...)
+			out = strconv.AppendUint(out, cas, 10)
+		case 't':
+			out = appendMetaFlag(out, 't', int64(ttl))
+		case 'O':
+			out = append(append(out, ' '), f...)
+		case 'k':
+			out = appendMetaKey(out, m.key, m.bin)
+		}
+	}
+	out = append(out, crlf...)
+	if m.value {
+		out = append(append(out, c.scratch...), crlf...)
+	}
+	c.mst.out = out
+	c.wr.Write(out)
+	return nil
+}

@@ -1,0 +1,326 @@
+package proxy
+
+// The meta commands that read: mg, and me, which describes an item.
+
+import (
+	"bytes"
+	"strconv"
+)
+
+// metaMiss answers a meta get that found nothing: EN, unless quiet.
+func (c *conn) metaMiss(m *metaReq) {
+	c.p.stats.record(cmdMetaGet, outcomeMiss)
+	c.writeMetaMiss(m)
+}
+
+// writeMetaMiss writes EN, unless quiet.
+func (c *conn) writeMetaMiss(m *metaReq) {
+	if m.quiet {
+		return
+	}
+	c.mst.out = appendMetaNoItem(append(c.mst.out[:0], metaCodeMiss...), m)
+	c.wr.Write(c.mst.out)
+}
+
+// metaRead sends c.req, a meta read of key k, to k's server in the local
+// zone and, while the answer is a miss or a failure, in the other zones in
+// order. It returns the answer that ends the search (a hit, or the local
+// zone's answer when no zone had the key), its call (a hit's value is in
+// its arena), server and zone.
+func (c *conn) metaRead(k string) (line []byte, call *getCall, srv *server, from int, err error) {
+	if c.zs == nil {
+		srv = c.up.servers[c.serverFor(k)]
+		line, err = c.send(srv, c.req, nil)
+		return line, c.cmd, srv, 0, err
+	}
+	rehash := c.p.cfg.EjectRehash
+	for z := range c.zs {
+		zc := &c.zs[z]
+		s := zc.up.servers[zc.up.pick(k, rehash)]
+		l, e := sendOn(zc.cmd, s, c.req, nil)
+		if z == 0 || err != nil && e == nil {
+			line, call, srv, from, err = l, zc.cmd, s, z, e
+		}
+		if e == nil && !bytes.HasPrefix(l, metaCodeMiss) {
+			return l, zc.cmd, s, z, nil
+		}
+	}
+	return line, call, srv, from, err
+}
+
+// metaFill stores a hit that another zone answered into the local zone,
+// as fillLocal does for get: with an add, so a value the local zone got
+// meanwhile stays, with the bytes and flags memcached holds (envelope
+// included) and the item's remaining time to live, or a touch's new one.
+// The client's reply is written first.
+func (c *conn) metaFill(k string, m *metaReq, r *metaReply, stored []byte, storedFlags uint32) {
+	var exptime int64
+	switch tok, _ := r.flag('t'); {
+	case m.hasTTL:
+		exptime = int64(m.ttl)
+	case string(tok) == "-1":
+	default:
+		ttl, ok := parseDecimal(tok, 1<<31-1)
+		if !ok || ttl == 0 {
+			return // gone in under a second: not worth it
+		}
+		exptime = exptimeOf(int32(ttl))
+	}
+	c.flush()
+	req := append(c.alignReq[:0], "ms "...)
+	if m.wireBin {
+		req = appendBase64(req, []byte(k))
+	} else {
+		req = append(req, k...)
+	}
+	req = append(req, ' ')
+	req = strconv.AppendInt(req, int64(len(stored)), 10)
+	if m.wireBin {
+		req = append(req, " b"...)
+	}
+	req = appendMetaFlag(req, 'F', int64(storedFlags))
+	req = appendMetaFlag(req, 'T', exptime)
+	c.alignReq = append(req, " ME\r\n"...)
+	zc := &c.zs[0]
+	line, err := sendOn(zc.cmd, zc.up.servers[zc.up.pick(k, c.p.cfg.EjectRehash)], c.alignReq, stored)
+	switch {
+	case err != nil:
+		c.p.fills[fillFailed].Add(1)
+	case bytes.HasPrefix(line, metaCodeStored):
+		c.p.fills[fillStored].Add(1)
+	default:
+		c.p.fills[fillNotStored].Add(1)
+	}
+}
+
+// metaGet answers mg. It asks upstream for the value and flags whenever
+// the codec is on, since an envelope must be opened (and verified) to
+// answer anything about the item, and for the key when the client wants
+// it back, to learn whether memcached holds it as binary.
+func (c *conn) metaGet(w [][]byte) error {
+	m := c.readMeta(w)
+	if m.err != nil {
+		return c.clientError(cmdMetaGet, m.err)
+	}
+	k, bound, holdable, ok := c.metaKey(cmdMetaGet, m)
+	if !ok {
+		return nil
+	}
+	if !holdable {
+		c.metaMiss(m)
+		return nil
+	}
+	codec := c.p.codec != nil
+	// A hit from another zone is filled into the local one: that needs
+	// its bytes, flags and time to live.
+	filling := c.zs != nil && c.p.cfg.ZoneFill
+	if m.hasTTL {
+		c.forget(k) // a touch: the local tier's entry would outlive it
+		defer c.forget(k)
+	}
+	// With zones, N creates the item only once no zone has it: the
+	// zones are asked without it first, as a write is never decided by
+	// a copy missing in one zone.
+	vivifyLast := c.zs != nil && m.hasVivify
+	c.req = c.appendMetaGet(c.req[:0], k, m, codec, filling, !vivifyLast)
+	line, call, srv, from, err := c.metaRead(k)
+	if vivifyLast && err == nil && bytes.HasPrefix(line, metaCodeMiss) {
+		c.req = c.appendMetaGet(c.req[:0], k, m, codec, filling, true)
+		zc := &c.zs[0]
+		srv = zc.up.servers[zc.up.pick(k, c.p.cfg.EjectRehash)]
+		line, err = sendOn(zc.cmd, srv, c.req, nil)
+		call, from = zc.cmd, 0
+	}
+	if err != nil {
+		if c.p.cfg.RetrievalFailure == failureError {
+			return c.upstreamError(cmdMetaGet, srv, err)
+		}
+		// A miss for the client, an upstream error in the counters.
+		srv.dropIdle(err)
+		c.metaCountKey(m, false)
+		c.p.stats.record(cmdMetaGet, outcomeUpstreamError)
+		c.writeMetaMiss(m)
+		return nil
+	}
+	r := &c.mst.rep
+	c.mst.up = append(c.mst.up[:0], line...)
+	if !r.parse(c.mst.up) || r.code != [2]byte{'V', 'A'} && r.code != [2]byte{'H', 'D'} {
+		if bytes.HasPrefix(line, metaCodeMiss) {
+			c.metaCountKey(m, false)
+			c.metaMiss(m)
+			return nil
+		}
+		// memcached's own error (refcount overflow, out of memory).
+		c.answer(cmdMetaGet, line)
+		return nil
+	}
+	value := call.arena
+	var flags uint32
+	if tok, ok := r.flag('f'); ok {
+		flags, _ = parseUint32(tok)
+	}
+	stored, storedFlags := value, flags
+	if codec {
+		enveloped := c.p.codec.IsEnveloped(flags)
+		switch {
+		case enveloped:
+			c.keyBuf = append(c.keyBuf[:0], m.key...)
+			value, flags, ok = c.open(srv, c.keyBuf, k, bound, flags, value)
+			if !ok {
+				c.metaCountKey(m, false)
+				c.metaMiss(m)
+				return nil
+			}
+		case bound && (len(value) > 0 || flags != 0):
+			// Under a rewritten key, a plain item is some client's own
+			// value at an equal key: a miss. An empty one with no flags
+			// is the stub N created, and holds nothing of anyone's.
+			c.p.stats.keyUnbound.Add(1)
+			c.metaCountKey(m, false)
+			c.metaMiss(m)
+			return nil
+		}
+	}
+	c.metaCountKey(m, true)
+	c.p.stats.record(cmdMetaGet, outcomeHit)
+	out := c.mst.out[:0]
+	if m.value {
+		out = append(out, metaValue...)
+		out = strconv.AppendInt(out, int64(len(value)), 10)
+	} else {
+		out = append(out, metaCodeStored...)
+	}
+	for _, f := range m.flags[:m.nflags] {
+		switch l := f[0]; l {
+		case 's':
+			if codec {
+				out = appendMetaFlag(out, 's', int64(len(value)))
+			} else if tok, ok := r.flag('s'); ok {
+				out = append(append(out, ' ', 's'), tok...)
+			}
+		case 'f':
+			out = appendMetaFlag(out, 'f', int64(flags))
+		case 't', 'c', 'l', 'h':
+			if tok, ok := r.flag(l); ok {
+				out = append(append(out, ' ', l), tok...)
+			}
+		case 'O':
+			out = append(append(out, ' '), f...)
+		case 'k':
+			_, bin := r.flag('b')
+			out = appendMetaKey(out, m.key, bin || m.bin && !m.wireBin)
+		}
+	}
+	// memcached ends with Z (a win was sent), X (stale), W (won).
+	for i := range len(metaEndFlags) {
+		if _, ok := r.flag(metaEndFlags[i]); ok {
+			out = append(out, ' ', metaEndFlags[i])
+		}
+	}
+	out = append(out, crlf...)
+	c.mst.out = out
+	c.wr.Write(out)
+	if m.value {
+		c.wr.Write(value)
+		c.wr.Write(crlf)
+	}
+	if from > 0 && filling {
+		c.metaFill(k, m, r, stored, storedFlags)
+	}
+	return nil
+}
+
+// appendMetaGet appends the mg that asks upstream for what the client's
+// mg needs: its flags but b, O, q, k (and N unless vivify), in its order,
+// the value and flags when an envelope may have to be opened (codec) or
+// the hit filled into the local zone, and the TTL for that fill.
+func (c *conn) appendMetaGet(dst []byte, k string, m *metaReq, codec, filling, vivify bool) []byte {
+	dst = appendMetaHead(dst, "mg ", k, m.wireBin)
+	for _, f := range m.flags[:m.nflags] {
+		switch f[0] {
+		case 's', 't', 'c', 'f', 'l', 'h', 'v', 'u', 'k':
+			dst = append(dst, ' ', f[0])
+		case 'T':
+			dst = appendMetaFlag(dst, 'T', int64(m.ttl))
+		case 'N':
+			if vivify {
+				dst = appendMetaFlag(dst, 'N', int64(m.vivify))
+			}
+		case 'R':
+			dst = appendMetaFlag(dst, 'R', int64(m.recache))
+		}
+	}
+	if (codec || filling) && !m.has('v') {
+		dst = append(dst, " v"...)
+	}
+	if (codec || filling) && !m.has('f') {
+		dst = append(dst, " f"...)
+	}
+	if filling && !m.has('t') {
+		dst = append(dst, " t"...)
+	}
+	return append(dst, crlf...)
+}
+
+// metaEndFlags are the flags memcached appends to an mg hit, in its order.
+const metaEndFlags = "ZXW"
+
+// metaCountKey counts an mg's key as a retrieval's, hit or miss, for
+// the proxy and for the key's tenant.
+func (c *conn) metaCountKey(m *metaReq, hit bool) {
+	c.p.stats.recordKey(m.hasTTL, hit)
+	if t := c.tenantOf(m.key); t != nil {
+		t.requests.Add(1)
+		if hit {
+			t.hits.Add(1)
+		}
+	}
+}
+
+// metaDebug answers me. It is forwarded: memcached describes the item it
+// holds under the upstream key (its size is what is stored, envelope
+// included), and the client's key is put back in the reply, in base64
+// when memcached holds the key as binary. A key no server can hold is a
+// miss, EN, as memcached answers for a missing key.
+func (c *conn) metaDebug(w [][]byte) error {
+	m := c.readMeta(w)
+	if m.err != nil {
+		return c.clientError(cmdMetaDebug, m.err)
+	}
+	k, _, holdable, ok := c.metaKey(cmdMetaDebug, m)
+	if !ok {
+		return nil
+	}
+	if !holdable {
+		c.p.stats.record(cmdMetaDebug, outcomeMiss)
+		c.wr.Write(metaMiss)
+		return nil
+	}
+	c.req = append(appendMetaHead(c.req[:0], "me ", k, m.wireBin), crlf...)
+	line, _, srv, _, err := c.metaRead(k)
+	if err != nil {
+		return c.upstreamError(cmdMetaDebug, srv, err)
+	}
+	rest, ok := bytes.CutPrefix(line, []byte("ME "))
+	if !ok {
+		oc := outcomeMiss
+		if !bytes.Equal(line, metaMiss) {
+			oc = replyOutcome(line)
+		}
+		c.p.stats.record(cmdMetaDebug, oc)
+		c.wr.Write(line)
+		return nil
+	}
+	c.p.stats.record(cmdMetaDebug, outcomeHit)
+	sent, info, _ := bytes.Cut(rest, []byte{' '})
+	out := append(c.mst.out[:0], "ME "...)
+	if string(sent) != k {
+		out = appendBase64(out, m.key) // memcached holds the key as binary
+	} else {
+		out = append(out, m.key...)
+	}
+	out = append(append(out, ' '), info...)
+	c.mst.out = out
+	c.wr.Write(out)
+	return nil
+}
