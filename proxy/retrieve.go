@@ -93,18 +93,26 @@ func (c *conn) getAndTouch(words [][]byte, withCAS bool) error {
 // fetchAndTouch sends each server's share of keys as one gats request,
 // concurrently, and leaves the results in c.calls.
 func (c *conn) fetchAndTouch(r retrieval, keys [][]byte) {
-	used := c.groupKeys(keys)
+	c.groupKeys(keys)
+	fetchEach(c.up.servers, c.calls, r)
+}
+
+// fetchEach sends every call that has keys to its server (calls[i] to
+// servers[i]) as one request r, not coalesced, all at once, and returns
+// when every call has its items.
+func fetchEach(servers []*server, calls []*getCall, r retrieval) {
 	var wg sync.WaitGroup
-	for s, call := range c.calls {
-		if used[s] {
-			wg.Add(1)
-			go func(srv *server, call *getCall) {
-				defer wg.Done()
-				batch := append(call.batch[:0], call)
-				fetch(srv.raw, srv.up, r, batch)
-				call.batch = batch[:0]
-			}(c.up.servers[s], call)
+	for s, call := range calls {
+		if len(call.keys) == 0 {
+			continue
 		}
+		wg.Add(1)
+		go func(srv *server, call *getCall) {
+			defer wg.Done()
+			batch := append(call.batch[:0], call)
+			fetch(srv.raw, srv.up, r, batch)
+			call.batch = batch[:0]
+		}(servers[s], call)
 	}
 	wg.Wait()
 }

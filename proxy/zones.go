@@ -249,20 +249,7 @@ func (c *conn) askOtherZones(r retrieval) {
 			return
 		}
 		c.asked = z + 1
-		var wg sync.WaitGroup
-		for s, call := range zc.calls {
-			if len(call.keys) == 0 {
-				continue
-			}
-			wg.Add(1)
-			go func(srv *server, call *getCall) {
-				defer wg.Done()
-				batch := append(call.batch[:0], call)
-				fetch(srv.raw, srv.up, r, batch)
-				call.batch = batch[:0]
-			}(zc.up.servers[s], call)
-		}
-		wg.Wait()
+		fetchEach(zc.up.servers, zc.calls, r)
 		c.countZoneReads(z)
 	}
 }
@@ -409,6 +396,13 @@ func (zc *zoneCalls) send(k string, rehash bool, req, data []byte) (*server, []b
 // writeFailed reports whether a write did not take in its zone.
 func writeFailed(line []byte, err error) bool { return err != nil || isServerError(line) }
 
+// sendLocal runs a command on key k's server, without zones.
+func (c *conn) sendLocal(k string, req, data []byte) ([]byte, *server, error) {
+	srv := c.up.servers[c.serverFor(k)]
+	line, err := c.send(srv, req, data)
+	return line, srv, err
+}
+
 // sendEvery runs a write that every zone takes as it is (set, delete,
 // touch) on key k's server in each zone at once, and returns the reply of
 // the local zone, or when it failed, of the first zone that answered, with
@@ -418,9 +412,7 @@ func (c *conn) sendEvery(k string, req, data []byte) (line []byte, srv *server, 
 	c.forget(k)
 	defer c.forget(k)
 	if c.zs == nil {
-		srv = c.up.servers[c.serverFor(k)]
-		line, err = c.send(srv, req, data)
-		return line, srv, err
+		return c.sendLocal(k, req, data)
 	}
 	if c.p.cfg.ZoneWrites == zoneWritesLocal {
 		line, _, srv, err = c.sendDeciding(k, req, data)
@@ -474,8 +466,7 @@ func (c *conn) sendDeciding(k string, req, data []byte) (line []byte, z int, srv
 	c.forget(k)
 	defer c.forget(k)
 	if c.zs == nil {
-		srv = c.up.servers[c.serverFor(k)]
-		line, err = c.send(srv, req, data)
+		line, srv, err = c.sendLocal(k, req, data)
 		return line, 0, srv, err
 	}
 	rehash := c.p.cfg.EjectRehash
@@ -520,9 +511,7 @@ func (c *conn) sendAdd(k string, req, data []byte) (line []byte, srv *server, er
 	c.forget(k)
 	defer c.forget(k)
 	if c.zs == nil {
-		srv = c.up.servers[c.serverFor(k)]
-		line, err = c.send(srv, req, data)
-		return line, srv, err
+		return c.sendLocal(k, req, data)
 	}
 	if c.p.cfg.ZoneWrites == zoneWritesLocal {
 		for z := range c.zs {
