@@ -69,24 +69,14 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels ...
 	return 0, false
 }
 
-// tierMetric is metricValue of a series that must exist.
-func tierMetric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
-	t.Helper()
-	v, ok := metricValue(t, reg, name, labels...)
-	if !ok {
-		t.Fatalf("no series %s%v", name, labels)
-	}
-	return v
-}
-
 func tierHits(t *testing.T, reg *prometheus.Registry) float64 {
 	t.Helper()
-	return tierMetric(t, reg, "mcsidecar_local_cache_reads_total", "result", "hit")
+	return counterWith(t, reg, "mcsidecar_local_cache_reads_total", "result", "hit")
 }
 
 func tierEntries(t *testing.T, reg *prometheus.Registry) float64 {
 	t.Helper()
-	return tierMetric(t, reg, "mcsidecar_local_cache_entries")
+	return counterWith(t, reg, "mcsidecar_local_cache_entries")
 }
 
 // tierValue is a value of n bytes, different for every seed, that looks
@@ -182,11 +172,11 @@ func TestLocalTierServesImmutableHitsWithoutUpstream(t *testing.T) {
 		{"mcsidecar_tenant_hits_total", []string{"tenant", "tenant-a"}, (n - 1) * rounds},
 		{"mcsidecar_tenant_hits_total", []string{"tenant", testTenant("acme", 150)}, rounds},
 	} {
-		if got := tierMetric(t, reg, c.name, c.labels...); got != c.want {
+		if got := counterWith(t, reg, c.name, c.labels...); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}
-	held := tierMetric(t, reg, "mcsidecar_local_cache_bytes")
+	held := counterWith(t, reg, "mcsidecar_local_cache_bytes")
 	var least int
 	for i := range n {
 		least += len(keys[i]) + len(values[i])
@@ -428,10 +418,10 @@ func TestLocalTierStaysWithinItsSize(t *testing.T) {
 			t.Fatalf("get: %q", short(r))
 		}
 	}
-	if held := tierMetric(t, reg, "mcsidecar_local_cache_bytes"); held > size || held == 0 {
+	if held := counterWith(t, reg, "mcsidecar_local_cache_bytes"); held > size || held == 0 {
 		t.Errorf("the tier holds %v bytes, its size is %d", held, size)
 	}
-	if ev := tierMetric(t, reg, "mcsidecar_local_cache_evictions_total"); ev == 0 {
+	if ev := counterWith(t, reg, "mcsidecar_local_cache_evictions_total"); ev == 0 {
 		t.Error("no eviction counted")
 	}
 	if e := tierEntries(t, reg); e == 0 || e > size/2048 {

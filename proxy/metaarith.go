@@ -11,11 +11,7 @@ import (
 // metaArithmetic answers ma. Like incr and decr it goes zone after zone
 // until one has the item, and the others drop their copy when it changed.
 func (c *conn) metaArithmetic(w [][]byte) error {
-	m := c.readMeta(w)
-	if m.err != nil {
-		return c.clientError(cmdMetaArithmetic, m.err)
-	}
-	k, bound, holdable, ok := c.metaKey(cmdMetaArithmetic, m)
+	m, k, bound, holdable, ok := c.metaOpen(cmdMetaArithmetic, w)
 	if !ok {
 		return nil
 	}

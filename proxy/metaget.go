@@ -98,11 +98,7 @@ func (c *conn) metaFill(k string, m *metaReq, r *metaReply, stored []byte, store
 // answer anything about the item, and for the key when the client wants
 // it back, to learn whether memcached holds it as binary.
 func (c *conn) metaGet(w [][]byte) error {
-	m := c.readMeta(w)
-	if m.err != nil {
-		return c.clientError(cmdMetaGet, m.err)
-	}
-	k, bound, holdable, ok := c.metaKey(cmdMetaGet, m)
+	m, k, bound, holdable, ok := c.metaOpen(cmdMetaGet, w)
 	if !ok {
 		return nil
 	}
@@ -283,11 +279,7 @@ func (c *conn) metaCountKey(m *metaReq, hit bool) {
 // when memcached holds the key as binary. A key no server can hold is a
 // miss, EN, as memcached answers for a missing key.
 func (c *conn) metaDebug(w [][]byte) error {
-	m := c.readMeta(w)
-	if m.err != nil {
-		return c.clientError(cmdMetaDebug, m.err)
-	}
-	k, _, holdable, ok := c.metaKey(cmdMetaDebug, m)
+	m, k, _, holdable, ok := c.metaOpen(cmdMetaDebug, w)
 	if !ok {
 		return nil
 	}

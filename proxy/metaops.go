@@ -103,6 +103,32 @@ func (c *conn) readMeta(w [][]byte) *metaReq {
 	return &c.mst.req
 }
 
+// metaOpen reads a meta request line and applies the key rules to its
+// key (see metaKey). A refused request is answered, and ok is false.
+func (c *conn) metaOpen(id int, w [][]byte) (m *metaReq, k string, bound, holdable, ok bool) {
+	m = c.readMeta(w)
+	if m.err != nil {
+		c.clientError(id, m.err)
+		return m, "", false, false, false
+	}
+	k, bound, holdable, ok = c.metaKey(id, m)
+	return m, k, bound, holdable, ok
+}
+
+// metaOutcome is the outcome a meta reply code counts as: NF, EX and NS
+// name theirs, any other is the command's success, ok.
+func metaOutcome(code []byte, ok outcome) outcome {
+	switch {
+	case bytes.Equal(code, metaCodeNotFound):
+		return outcomeNotFound
+	case bytes.Equal(code, metaCodeExists):
+		return outcomeExists
+	case bytes.Equal(code, metaCodeNotStore):
+		return outcomeNotStored
+	}
+	return ok
+}
+
 // metaKey applies the proxy's key rules to a meta request's key (decoded
 // when it came in base64) and returns the upstream key. A refused key is
 // answered. holdable is false for a key no server can hold as it is (only
@@ -183,15 +209,7 @@ func (c *conn) metaAlignDelete(z int, k string, bin bool) {
 // VA), the opaque and key always. value is ma's number (VA). quiet hides
 // the nominal reply (HD, and ma's VA).
 func (c *conn) metaAnswer(id int, m *metaReq, code []byte, r *metaReply, value []byte) error {
-	oc := outcomeOK
-	switch {
-	case bytes.Equal(code, metaCodeNotFound):
-		oc = outcomeNotFound
-	case bytes.Equal(code, metaCodeExists):
-		oc = outcomeExists
-	case bytes.Equal(code, metaCodeNotStore):
-		oc = outcomeNotStored
-	}
+	oc := metaOutcome(code, outcomeOK)
 	c.p.stats.record(id, oc)
 	if oc == outcomeOK && m.quiet {
 		return nil

@@ -169,15 +169,7 @@ func (c *conn) appendMetaStore(dst []byte, k string, m *metaReq, flags uint32, s
 // metaSetAnswer answers ms with code and the client's return flags in its
 // order; cas is the c flag's value. quiet hides HD only.
 func (c *conn) metaSetAnswer(m *metaReq, code, cas []byte) error {
-	oc := outcomeStored
-	switch {
-	case bytes.Equal(code, metaCodeNotStore):
-		oc = outcomeNotStored
-	case bytes.Equal(code, metaCodeExists):
-		oc = outcomeExists
-	case bytes.Equal(code, metaCodeNotFound):
-		oc = outcomeNotFound
-	}
+	oc := metaOutcome(code, outcomeStored)
 	c.p.stats.record(cmdMetaSet, oc)
 	if oc == outcomeStored && m.quiet {
 		return nil
@@ -267,11 +259,7 @@ func (c *conn) metaJoinEnveloped(m *metaReq, srv *server, k string, bound bool, 
 // zone; one gated by a CAS value is decided by the first zone that
 // answers, and the others drop their copy when it took.
 func (c *conn) metaDelete(w [][]byte) error {
-	m := c.readMeta(w)
-	if m.err != nil {
-		return c.clientError(cmdMetaDelete, m.err)
-	}
-	k, _, holdable, ok := c.metaKey(cmdMetaDelete, m)
+	m, k, _, holdable, ok := c.metaOpen(cmdMetaDelete, w)
 	if !ok {
 		return nil
 	}

@@ -150,37 +150,15 @@ func sentDuring(t *testing.T, servers []string, fn func()) []uint64 {
 	return sent
 }
 
-// counterWith returns the counter name whose labels are exactly labels,
-// given as name, value pairs.
+// counterWith returns the counter or gauge name whose labels are exactly
+// labels, given as name, value pairs; the series must exist.
 func counterWith(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	v, ok := metricValue(t, reg, name, labels...)
+	if !ok {
+		t.Fatalf("no series %s%v", name, labels)
 	}
-	want := map[string]string{}
-	for i := 0; i+1 < len(labels); i += 2 {
-		want[labels[i]] = labels[i+1]
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			if len(m.GetLabel()) != len(want) {
-				continue
-			}
-			for _, l := range m.GetLabel() {
-				if want[l.GetName()] != l.GetValue() {
-					continue metrics
-				}
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	t.Fatalf("no series %s%v", name, labels)
-	return 0
+	return v
 }
 
 // zoneWorkload is keys with values of 1 to 4 KiB, the same on every run.
