@@ -211,6 +211,14 @@ func TestStuckUpstreamIsEjectedThenProbedBack(t *testing.T) {
 	if n := logs.count("upstream server back"); n != 1 {
 		t.Errorf("logged %d returns, want 1", n)
 	}
+	// One state machine: the outage is logged as failing, ejected and
+	// back, and not also as answering again.
+	if n := logs.count("upstream failing"); n != 1 {
+		t.Errorf("logged %d starts of failing, want 1", n)
+	}
+	if n := logs.count("upstream answers again"); n != 0 {
+		t.Errorf("logged %d answers again after the server came back, want none", n)
+	}
 }
 
 // TestFailureLimitZeroNeverEjects sends many failing requests to a dead

@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"log/slog"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,11 +15,19 @@ import (
 // is sent: it answers like a server that is down.
 var errEjected = errors.New("upstream server ejected")
 
-// health decides whether one upstream server is used. After limit
-// consecutive failures (connect errors and timeouts; a reply of any kind,
-// a miss or a SERVER_ERROR included, is not a failure) the server is
-// ejected: every request to it fails at once, without touching the
-// network, so no client waits on a server known to be dead.
+// health is the one state machine of an upstream server's health:
+//
+//	ok ──failure──▶ failing ──limit failures──▶ ejected
+//	 ▲                 │                           │
+//	 └────answer───────┘◀──────probe answers───────┘
+//
+// A failure is a connect error, a timeout or a broken connection; a reply
+// of any kind, a miss or a SERVER_ERROR included, is an answer. Each
+// change is logged once, so an outage logs "failing", then "ejected" and
+// "back" if it lasted limit failures, or "answers again" if it did not.
+// An ejected server is not used: every request to it fails at once,
+// without touching the network, so no client waits on a server known to
+// be dead. With limit 0 a server fails but is never ejected.
 //
 // While the server is ejected, one goroutine of its own probes it with
 // "version" every interval and puts it back at the first answer. A
@@ -33,7 +42,8 @@ type health struct {
 	log      *slog.Logger
 
 	fails     atomic.Int32
-	down      atomic.Bool
+	failing   atomic.Bool // failed since its last answer: failing or ejected
+	down      atomic.Bool // ejected
 	ejections atomic.Uint64
 
 	mu      sync.Mutex
@@ -65,20 +75,49 @@ func (h *health) admit() error {
 // observe counts the result of one request to the server, ejects it at the
 // failure limit, and returns err.
 func (h *health) observe(err error) error {
-	if h.limit == 0 || errors.Is(err, errEjected) {
+	if err == nil || errors.Is(err, errEjected) {
+		h.answered()
 		return err
 	}
-	if !isTimeout(err) && !isConnError(err) {
-		// Loaded first: the common case writes nothing shared.
-		if h.fails.Load() != 0 {
-			h.fails.Store(0)
-		}
+	k := failureKind(err)
+	if k == kindNone {
+		h.answered()
 		return err
 	}
-	if h.fails.Add(1) >= h.limit {
+	if h.failing.CompareAndSwap(false, true) {
+		h.log.Warn("upstream failing", "server", h.name, "kind", kindNames[k], "err", err)
+	}
+	if h.limit > 0 && h.fails.Add(1) >= h.limit {
 		h.eject()
 	}
 	return err
+}
+
+// answered records an answer: the failure count starts again, and a server
+// that was failing, but not ejected, is logged as answering again. Loads
+// come first: the common case writes nothing shared.
+func (h *health) answered() {
+	if h.fails.Load() != 0 {
+		h.fails.Store(0)
+	}
+	if h.failing.Load() && !h.down.Load() && h.failing.CompareAndSwap(true, false) {
+		h.log.Info("upstream answers again", "server", h.name)
+	}
+}
+
+// failureKind says whether err is a failure of the server itself, and of
+// which kind: kindNone for an answer or an error of the request.
+func failureKind(err error) errKind {
+	var op *net.OpError
+	switch {
+	case errors.As(err, &op) && op.Op == "dial":
+		return kindConnect
+	case isTimeout(err):
+		return kindTimeout
+	case isConnError(err):
+		return kindConnection
+	}
+	return kindNone
 }
 
 // eject takes the server out and starts its prober, once however many
@@ -117,6 +156,7 @@ func (h *health) probeUntilBack() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.fails.Store(0)
+	h.failing.Store(false)
 	h.down.Store(false)
 	h.log.Info("upstream server back", "server", h.name, "ejected_for", time.Since(h.since).Round(time.Millisecond))
 }

@@ -49,7 +49,7 @@ func (p *Proxy) Upstreams() []UpstreamStatus {
 					errs += s.up.errors[k].Load()
 				}
 			}
-			out[i] = UpstreamStatus{Name: s.name, Zone: p.zones[zoneOf[i]].name, Local: zoneOf[i] == 0, Err: s.raw.ping(), Ejected: s.health.down.Load(), Failing: s.up.failing.Load(),
+			out[i] = UpstreamStatus{Name: s.name, Zone: p.zones[zoneOf[i]].name, Local: zoneOf[i] == 0, Err: s.raw.ping(), Ejected: s.health.down.Load(), Failing: s.health.failing.Load(),
 				Requests: s.up.requests.Load(), Errors: errs}
 		}()
 	}

@@ -3,7 +3,6 @@ package proxy
 import (
 	"errors"
 	"log/slog"
-	"net"
 	"sync/atomic"
 	"time"
 
@@ -40,14 +39,8 @@ func kindOf(err error) errKind {
 	if _, oc := upstreamReply(err); oc != outcomeUpstreamError {
 		return kindNone
 	}
-	var op *net.OpError
-	switch {
-	case errors.As(err, &op) && op.Op == "dial":
-		return kindConnect
-	case isTimeout(err):
-		return kindTimeout
-	case isConnError(err):
-		return kindConnection
+	if k := failureKind(err); k != kindNone {
+		return k
 	}
 	if line, ok := relayedLine(err.Error()); ok && len(line) > 0 && line[0] == 'S' {
 		return kindServerError
@@ -65,10 +58,6 @@ type serverStats struct {
 	requests atomic.Uint64
 	errors   [numKinds]atomic.Uint64
 	latency  prometheus.Observer
-	// failing is true from a failed connection or timeout until the next
-	// answer: the state change is logged, once each way, and the status
-	// page shows it.
-	failing atomic.Bool
 }
 
 func newServerStats(name string, st *stats) *serverStats {
@@ -93,19 +82,8 @@ func (s *serverStats) observe(start time.Time, err error) {
 	}
 	s.requests.Add(1)
 	s.latency.Observe(time.Since(start).Seconds())
-	k := kindOf(err)
-	if k != kindNone {
+	if k := kindOf(err); k != kindNone {
 		s.errors[k].Add(1)
 		s.all.upstreamErrors.Add(1)
-	}
-	switch k {
-	case kindConnect, kindTimeout, kindConnection:
-		if s.failing.CompareAndSwap(false, true) {
-			s.log.Warn("upstream failing", "server", s.name, "kind", kindNames[k], "err", err)
-		}
-	default:
-		if s.failing.CompareAndSwap(true, false) {
-			s.log.Info("upstream answers again", "server", s.name)
-		}
 	}
 }
