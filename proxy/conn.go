@@ -109,7 +109,10 @@ type keyOwner struct {
 }
 
 func newConn(p *Proxy, nc net.Conn) *conn {
-	cc := &countingConn{Conn: nc, stats: p.stats, writeTimeout: p.cfg.IdleTimeout, direct: rawConnOf(nc) != nil}
+	cc := &countingConn{Conn: nc, stats: p.stats, writeTimeout: p.cfg.IdleTimeout}
+	if rc := rawConnOf(nc); rc != nil {
+		cc.direct, cc.raw = true, newRawWriter(rc)
+	}
 	c := &conn{p: p, nc: nc, cc: cc, id: p.connIDs.Add(1), accepted: time.Now().UnixNano()}
 	c.rd = newReader(cc, readBufferSize, int(p.cfg.MaxRequestLine), c.flush)
 	c.words = make([][]byte, 0, maxTokens)
@@ -321,13 +324,13 @@ type fdReader struct {
 
 func (r *fdReader) Read(b []byte) (int, error) {
 	for {
-		n, err := syscall.Read(r.fd, b)
+		n, err := readRaw(r.fd, b)
 		switch {
 		case err == syscall.EINTR:
 			continue
 		case err == syscall.EAGAIN:
 			return 0, errWouldBlock
-		case err != nil:
+		case err != 0:
 			return 0, os.NewSyscallError("read", err)
 		case n == 0 && len(b) > 0:
 			return 0, io.EOF
@@ -488,7 +491,8 @@ type countingConn struct {
 	net.Conn
 	stats        *stats
 	writeTimeout time.Duration
-	direct       bool // a plain socket: writev writes many pieces at once
+	direct       bool       // a plain socket: writev writes many pieces at once
+	raw          *rawWriter // its writes, with direct
 	failed       atomic.Bool
 }
 
@@ -502,6 +506,10 @@ func (cc *countingConn) Write(b []byte) (int, error) {
 	if cc.writeTimeout > 0 {
 		cc.Conn.SetWriteDeadline(time.Now().Add(cc.writeTimeout))
 	}
+	if cc.raw != nil {
+		n, err := cc.raw.writeOne(b)
+		return int(n), cc.wrote(n, err)
+	}
 	n, err := cc.Conn.Write(b)
 	return n, cc.wrote(int64(n), err)
 }
@@ -511,6 +519,10 @@ func (cc *countingConn) Write(b []byte) (int, error) {
 func (cc *countingConn) writeBuffers(bufs *net.Buffers) error {
 	if cc.writeTimeout > 0 {
 		cc.Conn.SetWriteDeadline(time.Now().Add(cc.writeTimeout))
+	}
+	if cc.raw != nil {
+		n, err := cc.raw.write(*bufs)
+		return cc.wrote(n, err)
 	}
 	n, err := bufs.WriteTo(cc.Conn)
 	return cc.wrote(n, err)

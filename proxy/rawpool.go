@@ -81,17 +81,16 @@ func newSendFirst(nc net.Conn) *sendFirst {
 
 func (s *sendFirst) Read(p []byte) (int, error) {
 	out := s.out
-	if out == nil {
-		return s.nc.Read(p)
-	}
 	if s.rc == nil {
-		s.out = nil
-		if _, err := s.nc.Write(out); err != nil {
-			return 0, err
+		if out != nil {
+			s.out = nil
+			if _, err := s.nc.Write(out); err != nil {
+				return 0, err
+			}
 		}
 		return s.nc.Read(p)
 	}
-	s.p, s.n, s.err, s.sent = p, 0, nil, false
+	s.p, s.n, s.err, s.sent = p, 0, nil, out == nil
 	err := s.rc.Read(s.turn)
 	s.p, s.out = nil, nil
 	if s.err != nil {
@@ -109,17 +108,17 @@ func (s *sendFirst) Read(p []byte) (int, error) {
 func (s *sendFirst) onReadable(fd uintptr) bool {
 	if !s.sent {
 		s.sent = true
-		_, s.err = s.nc.Write(s.out)
+		s.err = s.send(int(fd))
 		return s.err != nil
 	}
 	for {
-		n, err := syscall.Read(int(fd), s.p)
+		n, err := readRaw(int(fd), s.p)
 		switch {
 		case err == syscall.EINTR:
 			continue
 		case err == syscall.EAGAIN:
 			return false
-		case err != nil:
+		case err != 0:
 			s.err = os.NewSyscallError("read", err)
 		case n == 0:
 			s.err = io.EOF
@@ -127,6 +126,28 @@ func (s *sendFirst) onReadable(fd uintptr) bool {
 		s.n = n
 		return true
 	}
+}
+
+// send writes the batch: raw writes while the socket takes it, and the
+// connection's own write, which waits for room, for a rest that did not
+// fit its send buffer.
+func (s *sendFirst) send(fd int) error {
+	out := s.out
+	for len(out) > 0 {
+		n, err := writeRaw(fd, out)
+		switch err {
+		case 0:
+			out = out[n:]
+			continue
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			_, werr := s.nc.Write(out)
+			return werr
+		}
+		return os.NewSyscallError("write", err)
+	}
+	return nil
 }
 
 var errUnexpectedReply = errors.New("unexpected reply from upstream")
