@@ -32,6 +32,11 @@ type getCall struct {
 
 	// Scratch for when this call leads a batch.
 	batch []*getCall
+	// A batch begin sent, to be finished by end: its keys, when it
+	// began, and the connection it is on.
+	led   int
+	began time.Time
+	pend  pending
 }
 
 // item is one key's result: a hit's flags, CAS and where its value sits in
@@ -134,6 +139,56 @@ func (co *coalescer) get(call *getCall) {
 // lead fetches call's keys and those of the calls waiting behind it, then
 // passes leadership on to the next waiter or gives the slot back.
 func (co *coalescer) lead(call *getCall) {
+	keys := co.gather(call)
+	fetch(co.pool, co.up, co.r, call.batch)
+	co.handOver(call, keys)
+}
+
+// begin starts call's fetch for a request that asks other servers too,
+// without waiting for the reply, and reports whether call leads: a leader
+// has its batch gathered on a connection, to be written by
+// call.pend.writeNow or as end begins to read, and a call that must wait
+// in line is queued. end completes it. A request over several servers
+// writes to each before it reads from any, on its own goroutine, and
+// costs no goroutine per server.
+func (co *coalescer) begin(call *getCall) bool {
+	co.mu.Lock()
+	if co.active >= co.leaders {
+		call.queued = time.Now()
+		co.waiting = append(co.waiting, call)
+		co.mu.Unlock()
+		return false
+	}
+	co.active++
+	co.mu.Unlock()
+	call.led = co.gather(call)
+	call.began = time.Now()
+	call.pend = co.pool.send(co.r, call.batch)
+	return true
+}
+
+// end completes what begin started: a leader reads its batch's replies
+// and hands over; a call in line waits for its reply, or for its turn to
+// lead.
+func (co *coalescer) end(call *getCall, led bool) {
+	if !led {
+		if <-call.done == signalLead {
+			co.lead(call)
+		}
+		return
+	}
+	err := co.pool.finish(co.r, call.batch, call.pend)
+	call.pend = pending{}
+	co.up.observe(call.began, err)
+	for _, c := range call.batch {
+		c.err = err
+	}
+	co.handOver(call, call.led)
+}
+
+// gather makes call.batch: call, then the calls waiting in line while
+// their keys fit. It returns how many keys the batch asks for.
+func (co *coalescer) gather(call *getCall) int {
 	batch := append(call.batch[:0], call)
 	keys := len(call.keys)
 	co.mu.Lock()
@@ -148,8 +203,15 @@ func (co *coalescer) lead(call *getCall) {
 	}
 	co.waiting = co.waiting[n:]
 	co.mu.Unlock()
+	call.batch = batch
+	return keys
+}
 
-	fetch(co.pool, co.up, co.r, batch)
+// handOver ends call's lead of a fetched batch of keys keys: it counts the
+// batch, wakes the calls it served, and passes leadership on to the next
+// waiter or gives the slot back.
+func (co *coalescer) handOver(call *getCall, keys int) {
+	batch := call.batch
 	// A batch refused because the server is ejected was never sent: it
 	// counts as an ejected error only, as in the server's own counters.
 	if keys > 0 && !errors.Is(call.err, errEjected) {

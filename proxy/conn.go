@@ -68,7 +68,7 @@ type conn struct {
 	keys                       []string
 	owners                     []keyOwner
 	seen                       map[string]keyOwner // keys already grouped in this request
-	used                       []bool
+	used, led                  []bool
 	scratch                    []byte
 
 	// Values of enveloped items: the envelope being written, the value

@@ -63,6 +63,7 @@ type sendFirst struct {
 	nc  net.Conn
 	rc  syscall.RawConn // nil: not a plain socket; write, then read
 	out []byte          // to write before the next read; nil: none
+	w   *rawWriter      // writeNow's writes, with rc
 
 	// The read in progress, for onReadable: kept here, with the callback
 	// made once, so that a read allocates nothing.
@@ -76,6 +77,9 @@ type sendFirst struct {
 func newSendFirst(nc net.Conn) *sendFirst {
 	s := &sendFirst{nc: nc, rc: rawConnOf(nc)}
 	s.turn = s.onReadable
+	if s.rc != nil {
+		s.w = newRawWriter(s.rc)
+	}
 	return s
 }
 
@@ -126,6 +130,21 @@ func (s *sendFirst) onReadable(fd uintptr) bool {
 		s.n = n
 		return true
 	}
+}
+
+// writeNow writes the batch at once rather than as the first read begins.
+func (s *sendFirst) writeNow() error {
+	out := s.out
+	s.out = nil
+	if out == nil {
+		return nil
+	}
+	if s.rc == nil {
+		_, err := s.nc.Write(out)
+		return err
+	}
+	_, err := s.w.writeOne(out)
+	return err
 }
 
 // send writes the batch: raw writes while the socket takes it, and the
@@ -224,6 +243,12 @@ func (p *rawPool) run(c *rawConn, fn func(*rawConn) error) error {
 		c.nc.Close()
 		return err
 	}
+	p.put(c)
+	return nil
+}
+
+// put pools c again, or closes it when the pool is full or closed.
+func (p *rawPool) put(c *rawConn) {
 	p.mu.Lock()
 	if !p.closed && len(p.idle) < p.maxIdle {
 		p.idle = append(p.idle, c)
@@ -233,7 +258,6 @@ func (p *rawPool) run(c *rawConn, fn func(*rawConn) error) error {
 	if c != nil {
 		c.nc.Close()
 	}
-	return nil
 }
 
 // dropIdle closes every idle connection.
@@ -273,75 +297,153 @@ type retrieval struct {
 const lineMax = 2048
 
 // exchange sends the work of every call in batch in one write and reads
-// the replies in the same order: consecutive gets go out as retrieval
-// commands over all their keys, always asking for CAS values (gets, or
-// gats), each hit's value read straight into its call's arena; a command
-// goes out as it is and its one reply line is kept. memcached answers in
-// request order, which is how each reply is matched to its call without a
-// map. A meta command's reply may carry a data block (mg, ma with v): it is
-// read into the call's arena. A retry starts over: the calls are emptied
-// first.
+// the replies in the same order (prepare, receive). A retry starts over:
+// the calls are emptied first.
 func (p *rawPool) exchange(r retrieval, batch []*getCall) error {
 	return p.do(func(c *rawConn) error {
-		for _, call := range batch {
-			call.items = append(call.items[:0], make([]item, len(call.keys))...)
-			call.arena = call.arena[:0]
-			call.reply = call.reply[:0]
+		c.prepare(r, batch)
+		return c.receive(r, batch)
+	})
+}
+
+// pending is a batch that send wrote, whose replies are still to be read.
+type pending struct {
+	c      *rawConn // nil when nothing was sent
+	reused bool
+	sent   time.Time
+	err    error
+}
+
+// send starts an exchange without waiting for its replies, for a request
+// with batches for other servers to write before it reads any reply: it
+// takes a connection and gathers batch on it, to be written by writeNow
+// or as finish begins to read. finish completes it. Health, deadline and
+// the retry on a broken pooled connection are as in exchange.
+func (p *rawPool) send(r retrieval, batch []*getCall) pending {
+	if err := p.health.admit(); err != nil {
+		return pending{err: err}
+	}
+	c, reused, err := p.get()
+	if err != nil {
+		return pending{err: err}
+	}
+	at := time.Now()
+	c.nc.SetDeadline(at.Add(p.timeout))
+	c.prepare(r, batch)
+	return pending{c: c, reused: reused, sent: at}
+}
+
+// writeNow writes the pending batch at once.
+func (x *pending) writeNow() {
+	if x.c != nil && x.err == nil {
+		x.err = x.c.src.writeNow()
+	}
+}
+
+// finish reads the replies to what send gathered, writing it first if
+// writeNow did not, and pools the connection. A reused connection that
+// turned out broken is replaced and the batch sent again, as try does.
+func (p *rawPool) finish(r retrieval, batch []*getCall, x pending) error {
+	c, err := x.c, x.err
+	if c == nil {
+		return p.health.observe(err)
+	}
+	if err == nil {
+		if time.Since(x.sent) > p.timeout/2 {
+			// Replies read after another server's took long: the
+			// wait for these begins now, so that a slow server
+			// elsewhere does not time this one out.
+			c.nc.SetDeadline(time.Now().Add(p.timeout))
 		}
-		out, lines := c.out[:0], c.lines[:0]
-		for i := 0; i < len(batch); {
-			if batch[i].req != nil {
-				out = append(out, batch[i].req...)
-				if batch[i].data != nil {
-					out = append(out, batch[i].data...)
-					out = append(out, crlf...)
-				}
-				i++
-				continue
+		if err = c.receive(r, batch); err == nil {
+			p.put(c)
+			return p.health.observe(nil)
+		}
+	}
+	c.nc.Close()
+	if x.reused && !isTimeout(err) {
+		p.dropIdle()
+		err = p.once(func(c *rawConn) error {
+			c.prepare(r, batch)
+			return c.receive(r, batch)
+		})
+	}
+	return p.health.observe(err)
+}
+
+// prepare empties the calls of batch and gathers their requests, to be
+// written as the first reply is read (or by writeNow): consecutive gets go
+// out as retrieval commands over all their keys, always asking for CAS
+// values (gets, or gats); a command goes out as it is.
+func (c *rawConn) prepare(r retrieval, batch []*getCall) {
+	for _, call := range batch {
+		call.items = append(call.items[:0], make([]item, len(call.keys))...)
+		call.arena = call.arena[:0]
+		call.reply = call.reply[:0]
+	}
+	out, lines := c.out[:0], c.lines[:0]
+	for i := 0; i < len(batch); {
+		if batch[i].req != nil {
+			out = append(out, batch[i].req...)
+			if batch[i].data != nil {
+				out = append(out, batch[i].data...)
+				out = append(out, crlf...)
 			}
-			j := gets(batch, i)
-			var n int
-			out, n = appendRetrievals(out, r, batch[i:j])
-			lines = append(lines, n)
-			i = j
+			i++
+			continue
 		}
-		c.lines = lines
-		if len(out) > 0 {
-			c.src.out = out // written as the first reply is read
-		}
-		if cap(out) <= 1<<20 {
-			c.out = out
-		}
-		for i := 0; i < len(batch); {
-			if call := batch[i]; call.req != nil {
-				for range max(call.replies, 1) {
-					line, err := c.rw.ReadSlice('\n')
-					if err != nil {
-						return err
-					}
-					call.reply = append(call.reply, line...)
-				}
-				// Only a meta command's reply starts "VA ": the
-				// classic path pays one comparison.
-				if err := readMetaBlock(c.rw.Reader, call); err != nil {
+		j := gets(batch, i)
+		var n int
+		out, n = appendRetrievals(out, r, batch[i:j])
+		lines = append(lines, n)
+		i = j
+	}
+	c.lines = lines
+	if len(out) > 0 {
+		c.src.out = out // written as the first reply is read
+	}
+	if cap(out) <= 1<<20 {
+		c.out = out
+	}
+}
+
+// receive reads the replies to the batch prepare gathered, in order: each
+// retrieval hit's value straight into its call's arena, a command's reply
+// line into its call. memcached answers in request order, which is how
+// each reply is matched to its call without a map. A meta command's reply
+// may carry a data block (mg, ma with v): it is read into the call's
+// arena.
+func (c *rawConn) receive(r retrieval, batch []*getCall) error {
+	lines := c.lines
+	for i := 0; i < len(batch); {
+		if call := batch[i]; call.req != nil {
+			for range max(call.replies, 1) {
+				line, err := c.rw.ReadSlice('\n')
+				if err != nil {
 					return err
 				}
-				i++
-				continue
+				call.reply = append(call.reply, line...)
 			}
-			j := gets(batch, i)
-			read := readRetrievals
-			if r.meta {
-				read = readMetaRetrievals
-			}
-			if err := read(c.rw.Reader, lines[0], batch[i:j]); err != nil {
+			// Only a meta command's reply starts "VA ": the
+			// classic path pays one comparison.
+			if err := readMetaBlock(c.rw.Reader, call); err != nil {
 				return err
 			}
-			lines = lines[1:]
-			i = j
+			i++
+			continue
 		}
-		return nil
-	})
+		j := gets(batch, i)
+		read := readRetrievals
+		if r.meta {
+			read = readMetaRetrievals
+		}
+		if err := read(c.rw.Reader, lines[0], batch[i:j]); err != nil {
+			return err
+		}
+		lines = lines[1:]
+		i = j
+	}
+	return nil
 }
 
 // gets returns the end of the run of gets in batch that starts at i.

@@ -1,6 +1,6 @@
 package proxy
 
-import "sync"
+import "time"
 
 // retrieve answers get and gets: keys are grouped by server, each group goes
 // to that server's coalescer, and the VALUE lines come back in request
@@ -26,37 +26,64 @@ func (c *conn) retrieve(keys [][]byte, withCAS bool) error {
 	return err
 }
 
-// fetchGroups sends each used server's share of keys to its coalescer:
-// the first server's on this goroutine, the others' alongside it.
+// fetchGroups sends each used server's share of keys to its coalescer, on
+// this goroutine, with no goroutine per server: the batches it leads are
+// written first, all but one at once and that one as its replies are
+// awaited, then read, that one first; then it waits for the servers where
+// it stood in line. Reading them all before leading any batch in line
+// keeps a server that is slow to hand over from holding up the replies
+// already on their way.
 func (c *conn) fetchGroups(used []bool) {
-	first := -1
+	servers := c.up.servers
+	only, n := -1, 0
 	for s := range c.calls {
 		if used[s] {
-			first = s
-			break
+			only = s
+			n++
 		}
 	}
-	if first < 0 {
+	if n <= 1 {
+		if only >= 0 {
+			servers[only].pipe.get(c.calls[only])
+		}
 		return
 	}
-	var wg *sync.WaitGroup // only a request over several servers needs one
-	for s := first + 1; s < len(c.calls); s++ {
-		if !used[s] {
-			continue
+	led := c.ledServers()
+	first := -1 // the batch read first, written as its replies are awaited
+	for s := range c.calls {
+		if used[s] && servers[s].pipe.begin(c.calls[s]) {
+			led[s] = true
+			first = s
 		}
-		if wg == nil {
-			wg = new(sync.WaitGroup)
+	}
+	for s := range c.calls {
+		if led[s] && s != first {
+			c.calls[s].pend.writeNow()
 		}
-		wg.Add(1)
-		go func(co *coalescer, call *getCall) {
-			defer wg.Done()
-			co.get(call)
-		}(c.up.servers[s].pipe, c.calls[s])
 	}
-	c.up.servers[first].pipe.get(c.calls[first])
-	if wg != nil {
-		wg.Wait()
+	if first >= 0 {
+		servers[first].pipe.end(c.calls[first], true)
 	}
+	for s := range c.calls {
+		if led[s] && s != first {
+			servers[s].pipe.end(c.calls[s], true)
+		}
+	}
+	for s := range c.calls {
+		if used[s] && !led[s] {
+			servers[s].pipe.end(c.calls[s], false)
+		}
+	}
+}
+
+// ledServers returns a cleared per-server flag slice, reused across calls.
+func (c *conn) ledServers() []bool {
+	if cap(c.led) < len(c.calls) {
+		c.led = make([]bool, len(c.calls))
+	}
+	c.led = c.led[:len(c.calls)]
+	clear(c.led)
+	return c.led
 }
 
 // getAndTouch answers gat and gats, whose first word is the new exptime.
@@ -98,23 +125,42 @@ func (c *conn) fetchAndTouch(r retrieval, keys [][]byte) {
 }
 
 // fetchEach sends every call that has keys to its server (calls[i] to
-// servers[i]) as one request r, not coalesced, all at once, and returns
-// when every call has its items.
+// servers[i]) as one request r, not coalesced, and returns when every call
+// has its items. It writes every request before it reads any reply, on
+// this goroutine, as fetchGroups does.
 func fetchEach(servers []*server, calls []*getCall, r retrieval) {
-	var wg sync.WaitGroup
+	first := -1 // the request read first, written as its replies are awaited
 	for s, call := range calls {
 		if len(call.keys) == 0 {
 			continue
 		}
-		wg.Add(1)
-		go func(srv *server, call *getCall) {
-			defer wg.Done()
-			batch := append(call.batch[:0], call)
-			fetch(srv.raw, srv.up, r, batch)
-			call.batch = batch[:0]
-		}(servers[s], call)
+		call.batch = append(call.batch[:0], call)
+		call.began = time.Now()
+		call.pend = servers[s].raw.send(r, call.batch)
+		if first >= 0 {
+			calls[first].pend.writeNow()
+		}
+		first = s
 	}
-	wg.Wait()
+	if first < 0 {
+		return
+	}
+	finishEach(servers, calls, r, first)
+	for s := range calls {
+		if s != first && len(calls[s].keys) > 0 {
+			finishEach(servers, calls, r, s)
+		}
+	}
+}
+
+// finishEach reads the replies of fetchEach's request to server s.
+func finishEach(servers []*server, calls []*getCall, r retrieval, s int) {
+	call := calls[s]
+	call.err = servers[s].raw.finish(r, call.batch, call.pend)
+	servers[s].up.observe(call.began, call.err)
+	call.pend = pending{}
+	clear(call.batch)
+	call.batch = call.batch[:0]
 }
 
 // checkKeys refuses the whole request, as memcached does, when a key is
@@ -206,15 +252,15 @@ func (c *conn) usedServers() []bool {
 func (c *conn) answerRetrieval(id int, withCAS bool) error {
 	st := c.p.stats
 	oc := outcomeOK
-	// A key whose last zone asked failed was not answered.
-	for _, o := range c.owners {
-		if o.srv < 0 {
-			continue
-		}
-		if call := c.call(o); call.err != nil {
-			oc = outcomeUpstreamError
-			if c.p.cfg.RetrievalFailure == failureError {
-				st.record(id, oc)
+	if c.p.cfg.RetrievalFailure == failureError {
+		// A key whose last zone asked failed was not answered: the
+		// whole request is an error.
+		for _, o := range c.owners {
+			if o.srv < 0 {
+				continue
+			}
+			if call := c.call(o); call.err != nil {
+				st.record(id, outcomeUpstreamError)
 				reply, _ := upstreamReply(call.err)
 				c.reply(reply)
 				return nil
@@ -229,7 +275,9 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 			hit = true
 		} else if o.srv >= 0 {
 			call := c.call(o)
-			if call.err == nil && call.items[o.pos].hit {
+			if call.err != nil {
+				oc = outcomeUpstreamError // answered as a miss
+			} else if call.items[o.pos].hit {
 				it := &call.items[o.pos]
 				value, flags, ok := call.value(int(o.pos)), it.flags, true
 				stable := true // the value is the arena's, not decoded
