@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"mcsidecar/proxy/internal/sockio"
 	"mcsidecar/proxy/tier"
 )
 
@@ -110,8 +111,8 @@ type keyOwner struct {
 
 func newConn(p *Proxy, nc net.Conn) *conn {
 	cc := &countingConn{Conn: nc, stats: p.stats, writeTimeout: p.cfg.IdleTimeout}
-	if rc := rawConnOf(nc); rc != nil {
-		cc.direct, cc.raw = true, newRawWriter(rc)
+	if rc := sockio.RawConnOf(nc); rc != nil {
+		cc.direct, cc.raw = true, sockio.NewWriter(rc)
 	}
 	c := &conn{p: p, nc: nc, cc: cc, id: p.connIDs.Add(1), accepted: time.Now().UnixNano()}
 	c.rd = newReader(cc, readBufferSize, int(p.cfg.MaxRequestLine), c.flush)
@@ -138,7 +139,7 @@ func (c *conn) serve() {
 	defer c.rd.release()
 	c.startIdleClock()
 	var err error
-	if rc := rawConnOf(c.nc); rc != nil {
+	if rc := sockio.RawConnOf(c.nc); rc != nil {
 		err = c.serveReady(rc)
 	} else {
 		err = c.serveBlocking()
@@ -300,21 +301,6 @@ func (c *conn) process() error {
 // errClientGone ends a connection whose replies can no longer be written.
 var errClientGone = errors.New("client gone")
 
-// rawConnOf returns the socket of nc for waiting on it directly, or nil
-// when nc is not a plain socket.
-func rawConnOf(nc net.Conn) syscall.RawConn {
-	switch nc.(type) {
-	case *net.TCPConn, *net.UnixConn:
-	default:
-		return nil
-	}
-	rc, err := nc.(syscall.Conn).SyscallConn()
-	if err != nil {
-		return nil
-	}
-	return rc
-}
-
 // fdReader reads a non-blocking socket once, without waiting: an empty
 // socket is errWouldBlock.
 type fdReader struct {
@@ -324,7 +310,7 @@ type fdReader struct {
 
 func (r *fdReader) Read(b []byte) (int, error) {
 	for {
-		n, err := readRaw(r.fd, b)
+		n, err := sockio.Read(r.fd, b)
 		switch {
 		case err == syscall.EINTR:
 			continue
@@ -491,8 +477,8 @@ type countingConn struct {
 	net.Conn
 	stats        *stats
 	writeTimeout time.Duration
-	direct       bool       // a plain socket: writev writes many pieces at once
-	raw          *rawWriter // its writes, with direct
+	direct       bool           // a plain socket: writev writes many pieces at once
+	raw          *sockio.Writer // its writes, with direct
 	failed       atomic.Bool
 }
 
@@ -507,7 +493,7 @@ func (cc *countingConn) Write(b []byte) (int, error) {
 		cc.Conn.SetWriteDeadline(time.Now().Add(cc.writeTimeout))
 	}
 	if cc.raw != nil {
-		n, err := cc.raw.writeOne(b)
+		n, err := cc.raw.WriteOne(b)
 		return int(n), cc.wrote(n, err)
 	}
 	n, err := cc.Conn.Write(b)
@@ -521,7 +507,7 @@ func (cc *countingConn) writeBuffers(bufs *net.Buffers) error {
 		cc.Conn.SetWriteDeadline(time.Now().Add(cc.writeTimeout))
 	}
 	if cc.raw != nil {
-		n, err := cc.raw.write(*bufs)
+		n, err := cc.raw.Write(*bufs)
 		return cc.wrote(n, err)
 	}
 	n, err := bufs.WriteTo(cc.Conn)

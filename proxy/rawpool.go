@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"mcsidecar/proxy/internal/sockio"
 )
 
 // rawPool holds the connections to one server. Every request to it goes
@@ -63,7 +65,7 @@ type sendFirst struct {
 	nc  net.Conn
 	rc  syscall.RawConn // nil: not a plain socket; write, then read
 	out []byte          // to write before the next read; nil: none
-	w   *rawWriter      // writeNow's writes, with rc
+	w   *sockio.Writer  // writeNow's writes, with rc
 
 	// The read in progress, for onReadable: kept here, with the callback
 	// made once, so that a read allocates nothing.
@@ -75,10 +77,10 @@ type sendFirst struct {
 }
 
 func newSendFirst(nc net.Conn) *sendFirst {
-	s := &sendFirst{nc: nc, rc: rawConnOf(nc)}
+	s := &sendFirst{nc: nc, rc: sockio.RawConnOf(nc)}
 	s.turn = s.onReadable
 	if s.rc != nil {
-		s.w = newRawWriter(s.rc)
+		s.w = sockio.NewWriter(s.rc)
 	}
 	return s
 }
@@ -116,7 +118,7 @@ func (s *sendFirst) onReadable(fd uintptr) bool {
 		return s.err != nil
 	}
 	for {
-		n, err := readRaw(int(fd), s.p)
+		n, err := sockio.Read(int(fd), s.p)
 		switch {
 		case err == syscall.EINTR:
 			continue
@@ -143,7 +145,7 @@ func (s *sendFirst) writeNow() error {
 		_, err := s.nc.Write(out)
 		return err
 	}
-	_, err := s.w.writeOne(out)
+	_, err := s.w.WriteOne(out)
 	return err
 }
 
@@ -153,7 +155,7 @@ func (s *sendFirst) writeNow() error {
 func (s *sendFirst) send(fd int) error {
 	out := s.out
 	for len(out) > 0 {
-		n, err := writeRaw(fd, out)
+		n, err := sockio.Write(fd, out)
 		switch err {
 		case 0:
 			out = out[n:]

@@ -1,4 +1,4 @@
-package proxy
+package sockio
 
 import (
 	"bytes"
@@ -34,7 +34,7 @@ func TestRawWriterWaitsForRoomAndWritesEveryByte(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc := rawConnOf(nc)
+	rc := RawConnOf(nc)
 	if rc == nil {
 		t.Fatal("a TCP connection has no raw socket")
 	}
@@ -45,13 +45,13 @@ func TestRawWriterWaitsForRoomAndWritesEveryByte(t *testing.T) {
 		pieces = append(pieces, p)
 		want = append(want, p...)
 	}
-	w := newRawWriter(rc)
-	n, err := w.write(pieces)
+	w := NewWriter(rc)
+	n, err := w.Write(pieces)
 	if err != nil || n != int64(len(want)) {
 		t.Fatalf("wrote %d of %d bytes: %v", n, len(want), err)
 	}
-	if n, err := w.writeOne([]byte("end")); err != nil || n != 3 {
-		t.Fatalf("writeOne wrote %d bytes: %v", n, err)
+	if n, err := w.WriteOne([]byte("end")); err != nil || n != 3 {
+		t.Fatalf("WriteOne wrote %d bytes: %v", n, err)
 	}
 	nc.Close()
 	b := <-got
@@ -84,7 +84,7 @@ func TestRawWriterHonoursTheWriteDeadline(t *testing.T) {
 	defer nc.Close()
 	nc.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
 	start := time.Now()
-	n, err := newRawWriter(rawConnOf(nc)).writeOne(make([]byte, 64<<20))
+	n, err := NewWriter(RawConnOf(nc)).WriteOne(make([]byte, 64<<20))
 	if err == nil || n >= 64<<20 {
 		t.Fatalf("wrote %d bytes to a peer that reads nothing, err %v", n, err)
 	}
