@@ -6,6 +6,9 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/upstream"
 )
 
 // arithmetic answers incr and decr.
@@ -19,7 +22,7 @@ func (c *conn) arithmetic(w [][]byte, incr bool) error {
 	if !c.validKey(key) {
 		return c.clientError(id, replyBadFormat)
 	}
-	delta, ok := parseUint64(w[2])
+	delta, ok := wire.ParseUint64(w[2])
 	if !ok {
 		return c.clientError(id, replyBadDelta)
 	}
@@ -31,7 +34,7 @@ func (c *conn) arithmetic(w [][]byte, incr bool) error {
 	}
 	k := string(up)
 	if bound || c.envelopes(key, 0) {
-		return c.modifyInZones(k, func(srv *server) error {
+		return c.modifyInZones(k, func(srv *upstream.Server) error {
 			return c.arithmeticEnveloped(id, srv, k, key, bound, incr, delta)
 		})
 	}
@@ -69,7 +72,7 @@ func (c *conn) touch(w [][]byte) error {
 	if !c.validKey(key) {
 		return c.clientError(cmdTouch, replyBadFormat)
 	}
-	exptime, ok := parseInt32(w[2])
+	exptime, ok := wire.ParseInt32(w[2])
 	if !ok {
 		return c.clientError(cmdTouch, replyBadExptime)
 	}
@@ -132,7 +135,7 @@ func (c *conn) flushAll(w [][]byte) error {
 	}
 	if len(w) != want {
 		var ok bool
-		if delay, ok = parseInt32(w[1]); !ok {
+		if delay, ok = wire.ParseInt32(w[1]); !ok {
 			return c.clientError(cmdFlushAll, replyBadExptime)
 		}
 		withDelay = true
@@ -148,19 +151,19 @@ func (c *conn) flushAll(w [][]byte) error {
 	if c.p.cfg.ZoneWrites == zoneWritesLocal {
 		zones = zones[:1]
 	}
-	servers := make([][]*server, len(zones))
+	servers := make([][]*upstream.Server, len(zones))
 	errs := make([][]error, len(zones))
 	var wg sync.WaitGroup
 	for z, zone := range zones {
-		servers[z] = zone.up.Load().servers
+		servers[z] = zone.up.Load().Servers
 		errs[z] = make([]error, len(servers[z]))
 		for i, s := range servers[z] {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				start := time.Now()
-				errs[z][i] = s.raw.flushAll(delay, withDelay)
-				s.up.observe(start, errs[z][i])
+				errs[z][i] = s.FlushAll(delay, withDelay)
+				s.Observe(start, errs[z][i])
 			}()
 		}
 	}
@@ -204,7 +207,7 @@ func (c *conn) version([][]byte) error {
 // log level is a flag.
 func (c *conn) verbosity(w [][]byte) error {
 	c.noreply = bytes.Equal(w[len(w)-1], noreplyWord)
-	if _, ok := parseUint32(w[1]); !ok {
+	if _, ok := wire.ParseUint32(w[1]); !ok {
 		return c.clientError(cmdVerbosity, replyBadFormat)
 	}
 	c.p.stats.record(cmdVerbosity, outcomeOK)
@@ -256,10 +259,10 @@ func (c *conn) clientError(id int, reply []byte) error {
 
 // upstreamError answers a failed call to srv with memcached's reply for
 // the cache outcome, or SERVER_ERROR for a failure.
-func (c *conn) upstreamError(id int, srv *server, err error) error {
+func (c *conn) upstreamError(id int, srv *upstream.Server, err error) error {
 	reply, oc := upstreamReply(err)
 	if oc == outcomeUpstreamError {
-		srv.dropIdle(err)
+		srv.DropIdle(err)
 	}
 	c.p.stats.record(id, oc)
 	c.reply(reply)

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"strings"
 	"time"
+
+	"mcsidecar/proxy/internal/wire"
 )
 
 // command is one row of the command table: the verb, how many words its
@@ -112,11 +114,16 @@ const (
 	verdictClose                  // hang up, as memcached does on HTTP
 )
 
+// maxTokens mirrors memcached's MAX_TOKENS: it tokenizes at most 23 words of
+// a command line plus a terminal token, and every non-retrieval command is
+// validated against that count.
+const maxTokens = 24
+
 // parseLine splits line into words (sub-slices of line, appended to dst)
 // and finds its command, applying memcached's checks of the verb and word
 // count. It allocates nothing once dst has room for maxTokens words.
 func parseLine(dst [][]byte, line []byte) (*command, [][]byte, verdict) {
-	words, overflow := tokenize(dst, line, maxTokens-1)
+	words, overflow := wire.Tokenize(dst, line, maxTokens-1)
 	if len(words) == 0 || len(words[0]) < 2 {
 		return nil, words, verdictUnknown
 	}
@@ -134,7 +141,7 @@ func parseLine(dst [][]byte, line []byte) (*command, [][]byte, verdict) {
 	n := len(words)
 	if overflow {
 		if cmd.maxWords == 0 {
-			words, _ = tokenize(words, line, len(line))
+			words, _ = wire.Tokenize(words, line, len(line))
 			n = len(words)
 		} else {
 			n = maxTokens

@@ -11,6 +11,7 @@ import (
 
 	"mcsidecar/codec"
 	"mcsidecar/keyspace"
+	"mcsidecar/proxy/upstream"
 )
 
 // Config is everything the proxy needs to listen and reach its upstreams.
@@ -106,7 +107,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&c.ZoneUpstreams, "upstream-zone", nil, "NAME=ENTRY[,ENTRY…], repeatable: the memcached servers of one zone, entries as in --upstream; given instead of --upstream, with --zone")
 	fs.StringVar(&c.ZoneWrites, "zone-writes", zoneWritesAll, "with zones: all (storage commands, delete, touch and flush_all reach every zone; the local zone's reply answers) or local (writes reach the local zone only)")
 	fs.BoolVar(&c.ZoneFill, "zone-fill", true, "with zones: store a hit found in another zone into the local zone, with its remaining time to live (an add: a newer local value is kept)")
-	fs.StringVar(&c.Selector, "upstream-selector", selectJump, "server selection: jump (dskit's jump hash over xxhash64, as Mimir and Thanos clients pick) or ketama (libmemcached/twemproxy continuum, MD5)")
+	fs.StringVar(&c.Selector, "upstream-selector", upstream.SelectJump, "server selection: jump (dskit's jump hash over xxhash64, as Mimir and Thanos clients pick) or ketama (libmemcached/twemproxy continuum, MD5)")
 	fs.DurationVar(&c.Timeout, "upstream-timeout", 200*time.Millisecond, "read/write timeout of one upstream request")
 	fs.DurationVar(&c.ConnectTimeout, "upstream-connect-timeout", 100*time.Millisecond, "timeout to connect to an upstream server")
 	fs.IntVar(&c.MaxIdleConns, "upstream-max-idle-conns", 100, "idle connections kept per upstream server")
@@ -143,7 +144,7 @@ func (c *Config) Validate() error {
 	if err != nil {
 		return err
 	}
-	if _, err := newSelector(c.Selector, nil); err != nil {
+	if err := upstream.CheckScheme(c.Selector); err != nil {
 		return fmt.Errorf("--upstream-selector: %w", err)
 	}
 	switch {
@@ -215,33 +216,6 @@ func (c *Config) Validate() error {
 // maxValueSize is the largest value a client may send: raising
 // --max-item-size alone raises it too.
 func (c *Config) maxValueSize() int { return int(max(c.MaxValueSize, c.MaxItemSize)) }
-
-// splitUpstream turns an --upstream entry into a network and address.
-func splitUpstream(s string) (network, addr string, err error) {
-	if path, ok := strings.CutPrefix(s, "unix:"); ok {
-		if path == "" {
-			return "", "", fmt.Errorf("--upstream %q: empty socket path", s)
-		}
-		return "unix", path, nil
-	}
-	host, port, err := splitHostPort(s)
-	if err != nil {
-		return "", "", fmt.Errorf("--upstream %q: %w", s, err)
-	}
-	return "tcp", host + ":" + port, nil
-}
-
-func splitHostPort(s string) (host, port string, err error) {
-	i := strings.LastIndexByte(s, ':')
-	if i < 0 {
-		return "", "", errors.New("want host:port")
-	}
-	host, port = s[:i], s[i+1:]
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return "", "", errors.New("bad port")
-	}
-	return host, port, nil
-}
 
 // ByteSize is a byte count flag that also takes k, m and g suffixes (powers
 // of 1024), the way memcached's -I does.

@@ -13,6 +13,7 @@ import (
 
 	"mcsidecar/proxy/internal/sockio"
 	"mcsidecar/proxy/tier"
+	"mcsidecar/proxy/upstream"
 )
 
 const (
@@ -46,9 +47,9 @@ type conn struct {
 	lastCmd  atomic.Int64
 	wakeMu   sync.Mutex // orders wakeIfIdle against markBusy
 
-	up    *upstreams // the local zone's set for the command being handled
-	calls []*getCall // one per server of up
-	cmd   *getCall   // a command's call, on whichever server
+	up    *upstream.Set    // the local zone's set for the command being handled
+	calls []*upstream.Call // one per server of up
+	cmd   *upstream.Call   // a command's call, on whichever server
 	// zs is every zone's set and calls, the local zone's first (the same
 	// as up and calls); nil without zones.
 	zs []zoneCalls
@@ -117,7 +118,7 @@ func newConn(p *Proxy, nc net.Conn) *conn {
 	c := &conn{p: p, nc: nc, cc: cc, id: p.connIDs.Add(1), accepted: time.Now().UnixNano()}
 	c.rd = newReader(cc, readBufferSize, int(p.cfg.MaxRequestLine), c.flush)
 	c.words = make([][]byte, 0, maxTokens)
-	c.cmd = newGetCall()
+	c.cmd = upstream.NewCall()
 	c.useUpstreams()
 	return c
 }
@@ -349,8 +350,8 @@ func (c *conn) shrink() {
 	if cap(c.keys) > keep {
 		c.keys, c.owners, c.seen = nil, nil, nil
 		for i, call := range c.calls {
-			if cap(call.keys) > keep || cap(call.batch) > keep {
-				c.calls[i] = newGetCall()
+			if call.Grown(keep) {
+				c.calls[i] = upstream.NewCall()
 			}
 		}
 	}
@@ -358,7 +359,7 @@ func (c *conn) shrink() {
 		c.mst = nil
 	}
 	for _, b := range []*[]byte{&c.enc, &c.dec, &c.tmp, &c.raw} {
-		if cap(*b) > arenaKeep {
+		if cap(*b) > upstream.ArenaKeep {
 			*b = nil
 		}
 	}
@@ -443,7 +444,7 @@ func (c *conn) writeValue(key string, flags uint32, cas uint64, value []byte, wi
 // send runs one command on srv, pipelined with other clients' requests,
 // and returns the line memcached answered it with. data is the command's
 // data block, or nil.
-func (c *conn) send(srv *server, req, data []byte) ([]byte, error) {
+func (c *conn) send(srv *upstream.Server, req, data []byte) ([]byte, error) {
 	return sendOn(c.cmd, srv, req, data)
 }
 
@@ -468,7 +469,7 @@ func forwardable(key []byte) bool {
 }
 
 // serverFor returns the index of the server that owns key.
-func (c *conn) serverFor(key string) int { return c.up.pick(key, c.p.cfg.EjectRehash) }
+func (c *conn) serverFor(key string) int { return c.up.Pick(key, c.p.cfg.EjectRehash) }
 
 // countingConn counts the bytes a client sends and receives for stats, and
 // remembers whether a write failed. With an idle timeout, a client that

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"mcsidecar/proxy/upstream"
 )
 
 // fakeResolver answers DNS lookups from its tables, which a test changes
@@ -142,7 +144,7 @@ func TestDiscoveryResolvesEntries(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer p.Shutdown(context.Background())
-			if got, want := p.upstreams().names, orderServers(tc.want); !slices.Equal(got, want) {
+			if got, want := p.upstreams().Names, upstream.OrderServers(tc.want); !slices.Equal(got, want) {
 				t.Errorf("servers %q, want %q", got, want)
 			}
 		})
@@ -195,7 +197,7 @@ func TestDNSRecordsServeKeys(t *testing.T) {
 		if got := c.do("set " + k + " 0 0 1\r\nv\r\n"); got != "STORED\r\n" {
 			t.Fatalf("set %s answered %q", k, got)
 		}
-		owner := up.servers[up.sel.pick(k)].name
+		owner := up.Servers[up.Pick(k, false)].Name()
 		perServer[owner]++
 		if got := exchange(t, owner, "get "+k+"\r\n"); got != "VALUE "+k+" 0 1\r\nv\r\nEND\r\n" {
 			t.Errorf("%s is not on %s, its server: %q", k, owner, got)
@@ -236,26 +238,26 @@ func TestServerSetChangesUnderAnOpenConnection(t *testing.T) {
 			if got := c.do("get " + k + "\r\n"); got != want {
 				t.Errorf("%s: get %s answered %q, want %q", name, k, got, want)
 			}
-			if owner := up.servers[up.sel.pick(k)].name; exchange(t, owner, "get "+k+"\r\n") != want {
+			if owner := up.Servers[up.Pick(k, false)].Name(); exchange(t, owner, "get "+k+"\r\n") != want {
 				t.Errorf("%s: %s is not on %s, its server", name, k, owner)
 			}
 		}
 	}
 	waitSet := func(want ...string) {
 		t.Helper()
-		if !waitFor(5*time.Second, func() bool { return slices.Equal(p.upstreams().names, orderServers(want)) }) {
-			t.Fatalf("servers %q, want %q", p.upstreams().names, orderServers(want))
+		if !waitFor(5*time.Second, func() bool { return slices.Equal(p.upstreams().Names, upstream.OrderServers(want)) }) {
+			t.Fatalf("servers %q, want %q", p.upstreams().Names, upstream.OrderServers(want))
 		}
 	}
 
 	waitSet(a, b)
 	round("two servers")
 	before := p.upstreams()
-	serverA, serverB := before.servers[slices.Index(before.names, a)], before.servers[slices.Index(before.names, b)]
+	serverA, serverB := before.Servers[slices.Index(before.Names, a)], before.Servers[slices.Index(before.Names, b)]
 
 	r.change(func(r *fakeResolver) { r.srv["_memcached._tcp.cache.test"] = srvTo(r, a, b, c3) })
 	waitSet(a, b, c3)
-	if now := p.upstreams(); now.servers[slices.Index(now.names, a)] != serverA {
+	if now := p.upstreams(); now.Servers[slices.Index(now.Names, a)] != serverA {
 		t.Error("a server that stayed was replaced")
 	}
 	round("three servers")
@@ -264,9 +266,7 @@ func TestServerSetChangesUnderAnOpenConnection(t *testing.T) {
 	waitSet(a, c3)
 	round("b removed")
 	closed := func() bool {
-		serverB.raw.mu.Lock()
-		defer serverB.raw.mu.Unlock()
-		return serverB.raw.closed
+		return serverB.Closed()
 	}
 	if !waitFor(5*time.Second, closed) {
 		t.Error("the removed server was not closed")
@@ -287,14 +287,14 @@ func TestFailedLookupKeepsLastServers(t *testing.T) {
 	a, b := startMemcached(t), startMemcached(t)
 	p, r, logs, c := srvProxy(t, 10*time.Millisecond, a, b)
 	first := p.upstreams()
-	want := orderServers([]string{a, b})
-	if !slices.Equal(first.names, want) {
-		t.Fatalf("servers %q, want %q", first.names, want)
+	want := upstream.OrderServers([]string{a, b})
+	if !slices.Equal(first.Names, want) {
+		t.Fatalf("servers %q, want %q", first.Names, want)
 	}
 	check := func(stage string) {
 		t.Helper()
 		if got := p.upstreams(); got != first {
-			t.Fatalf("%s: server set changed to %q", stage, got.names)
+			t.Fatalf("%s: server set changed to %q", stage, got.Names)
 		}
 		for i := range 10 {
 			k := stage + ":" + strconv.Itoa(i)
@@ -390,7 +390,7 @@ func TestRemovedServerLeavesNoConnectionBehind(t *testing.T) {
 	cfg.DNSInterval = 20 * time.Millisecond
 	cfg.Timeout = 10 * time.Second // the held reply must not time out
 	p, addr := startProxy(t, cfg)
-	removed := p.upstreams().servers[0]
+	removed := p.upstreams().Servers[0]
 
 	c := dial(t, addr)
 	c.SetDeadline(time.Now().Add(20 * time.Second))
@@ -404,9 +404,7 @@ func TestRemovedServerLeavesNoConnectionBehind(t *testing.T) {
 	}
 	r.change(func(r *fakeResolver) { r.srv["_memcached._tcp.cache.test"] = srvTo(r, other) })
 	closed := func() bool {
-		removed.raw.mu.Lock()
-		defer removed.raw.mu.Unlock()
-		return removed.raw.closed
+		return removed.Closed()
 	}
 	if !waitFor(5*time.Second, closed) {
 		t.Fatal("the removed server was not closed")
@@ -466,12 +464,10 @@ func TestRemovedServerLeavesNoMetricSeries(t *testing.T) {
 	}
 
 	before := p.upstreams()
-	removed := before.servers[slices.Index(before.names, b)]
+	removed := before.Servers[slices.Index(before.Names, b)]
 	r.change(func(r *fakeResolver) { r.srv["_memcached._tcp.cache.test"] = srvTo(r, a) })
 	closed := func() bool {
-		removed.raw.mu.Lock()
-		defer removed.raw.mu.Unlock()
-		return removed.raw.closed
+		return removed.Closed()
 	}
 	if !waitFor(5*time.Second, closed) {
 		t.Fatal("the removed server was not closed")
@@ -483,7 +479,7 @@ func TestRemovedServerLeavesNoMetricSeries(t *testing.T) {
 	}
 
 	r.change(func(r *fakeResolver) { r.srv["_memcached._tcp.cache.test"] = srvTo(r, a, b) })
-	if !waitFor(5*time.Second, func() bool { return len(p.upstreams().names) == 2 }) {
+	if !waitFor(5*time.Second, func() bool { return len(p.upstreams().Names) == 2 }) {
 		t.Fatal("the server was not added back")
 	}
 	touchAll()

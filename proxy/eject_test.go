@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"mcsidecar/proxy/upstream"
+
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -132,14 +134,14 @@ func TestStuckUpstreamIsEjectedThenProbedBack(t *testing.T) {
 		"mcsidecar_upstream_server_up", "mcsidecar_upstream_ejections_total"); err != nil {
 		t.Errorf("before any request: %v", err)
 	}
-	srv := p.upstreams().servers[0]
+	srv := p.upstreams().Servers[0]
 	c := newLineClient(t, addr)
 
 	// Generous: the point is that each request ends, not how close to the
 	// timeout it ends.
 	const slack = 2 * time.Second
 	for i := range cfg.FailureLimit {
-		if srv.health.down.Load() {
+		if srv.Ejected() {
 			t.Fatalf("ejected after %d failures, want %d", i, cfg.FailureLimit)
 		}
 		start := time.Now()
@@ -150,7 +152,7 @@ func TestStuckUpstreamIsEjectedThenProbedBack(t *testing.T) {
 			t.Errorf("get %d took %v with a %v upstream timeout", i, took, cfg.Timeout)
 		}
 	}
-	if !srv.health.down.Load() {
+	if !srv.Ejected() {
 		t.Fatalf("not ejected after %d timeouts", cfg.FailureLimit)
 	}
 
@@ -189,7 +191,7 @@ func TestStuckUpstreamIsEjectedThenProbedBack(t *testing.T) {
 
 	// The server answers again: the prober puts it back by itself.
 	release()
-	if !waitFor(5*time.Second, func() bool { return !srv.health.down.Load() }) {
+	if !waitFor(5*time.Second, func() bool { return !srv.Ejected() }) {
 		t.Fatal("the server answers again but is still ejected after 5s")
 	}
 	if got := c.do("set k 0 0 5\r\nhello\r\n"); got != "STORED\r\n" {
@@ -235,14 +237,14 @@ func TestFailureLimitZeroNeverEjects(t *testing.T) {
 	}
 	// Each set tries the server (a set that meets a broken connection is
 	// tried once more), and none is refused for an ejection.
-	srv := p.upstreams().servers[0]
+	srv := p.upstreams().Servers[0]
 	if got := c.stat("upstream_errors"); got < 10 {
 		t.Errorf("upstream_errors = %d, want at least 10: every request tried the server", got)
 	}
-	if n := srv.up.errors[kindEjected].Load(); n != 0 {
+	if n := srv.Errors(upstream.KindEjected); n != 0 {
 		t.Errorf("%d requests refused as ejected", n)
 	}
-	if h := srv.health; h.down.Load() || h.ejections.Load() != 0 {
+	if srv.Ejected() || srv.Ejections() != 0 {
 		t.Error("ejected with --upstream-failure-limit 0")
 	}
 }
@@ -270,13 +272,13 @@ func TestEjectRehashMovesKeysOfTheEjectedServer(t *testing.T) {
 	c := newLineClient(t, addr)
 
 	const dead = 0
-	deadAddr := set.servers[dead].name
+	deadAddr := set.Servers[dead].Name()
 	kills[deadAddr]()
 	// Find keys of the dead server and of the others.
 	var deadKeys, liveKeys []string
 	for i := 0; len(deadKeys) < 20 || len(liveKeys) < 20; i++ {
 		k := "rehash:" + strconv.Itoa(i)
-		if set.sel.pick(k) == dead {
+		if set.Pick(k, false) == dead {
 			deadKeys = append(deadKeys, k)
 		} else {
 			liveKeys = append(liveKeys, k)
@@ -286,7 +288,7 @@ func TestEjectRehashMovesKeysOfTheEjectedServer(t *testing.T) {
 	if got := c.do("set " + deadKeys[0] + " 0 0 1\r\nx\r\n"); got != "SERVER_ERROR upstream unavailable\r\n" {
 		t.Errorf("the set that found the server dead answered %q", got)
 	}
-	if !set.servers[dead].health.down.Load() {
+	if !set.Servers[dead].Ejected() {
 		t.Fatal("not ejected after a failure with --upstream-failure-limit 1")
 	}
 	for _, k := range append(deadKeys, liveKeys...) {
@@ -301,14 +303,14 @@ func TestEjectRehashMovesKeysOfTheEjectedServer(t *testing.T) {
 		}
 		// Each value sits on the server the proxy picks now, which for a
 		// live key is its own.
-		owner := set.pick(k, true)
+		owner := set.Pick(k, true)
 		if owner == dead {
 			t.Fatalf("%s picked the ejected server", k)
 		}
-		if got := exchange(t, set.servers[owner].name, "get "+k+"\r\n"); got != want {
-			t.Errorf("%s on %s directly: %q, want %q", k, set.servers[owner].name, got, want)
+		if got := exchange(t, set.Servers[owner].Name(), "get "+k+"\r\n"); got != want {
+			t.Errorf("%s on %s directly: %q, want %q", k, set.Servers[owner].Name(), got, want)
 		}
-		if own := set.sel.pick(k); own != dead && own != owner {
+		if own := set.Pick(k, false); own != dead && own != owner {
 			t.Errorf("live key %s moved from server %d to %d", k, own, owner)
 		}
 	}
@@ -317,7 +319,7 @@ func TestEjectRehashMovesKeysOfTheEjectedServer(t *testing.T) {
 	if _, ok := runMemcached(t, deadAddr); !ok {
 		t.Fatal("could not restart memcached on " + deadAddr)
 	}
-	if !waitFor(5*time.Second, func() bool { return !set.servers[dead].health.down.Load() }) {
+	if !waitFor(5*time.Second, func() bool { return !set.Servers[dead].Ejected() }) {
 		t.Fatal("the restarted server is still ejected after 5s")
 	}
 	for _, k := range deadKeys {
@@ -346,7 +348,7 @@ func TestGetsToAnEjectedServerAreNotCountedAsSent(t *testing.T) {
 	if got := c.do("get k\r\n"); got != "END\r\n" {
 		t.Fatalf("get from a stuck server answered %q, want a miss", got)
 	}
-	if !p.upstreams().servers[0].health.down.Load() {
+	if !p.upstreams().Servers[0].Ejected() {
 		t.Fatal("not ejected after a timeout with --upstream-failure-limit 1")
 	}
 	for range 3 {
@@ -427,7 +429,7 @@ func TestWriteBackTimeoutsCountTowardsEjection(t *testing.T) {
 	cfg.FailureLimit = 1
 	cfg.RetryInterval = time.Hour // stays out for the whole test
 	p, addr := startProxy(t, cfg)
-	srv := p.upstreams().servers[0]
+	srv := p.upstreams().Servers[0]
 	c := newLineClient(t, addr)
 	if got := c.do("set k 0 0 5\r\nhello\r\n"); got != "STORED\r\n" {
 		t.Fatalf("set answered %q", got)
@@ -435,10 +437,10 @@ func TestWriteBackTimeoutsCountTowardsEjection(t *testing.T) {
 	if got := c.do("append k 0 0 6\r\n world\r\n"); got != "SERVER_ERROR upstream timeout\r\n" {
 		t.Fatalf("append whose write-back is never answered answered %q", got)
 	}
-	if !srv.health.down.Load() {
+	if !srv.Ejected() {
 		t.Error("a write-back that timed out did not count towards ejection")
 	}
-	if n := srv.up.errors[kindTimeout].Load(); n != 1 {
+	if n := srv.Errors(upstream.KindTimeout); n != 1 {
 		t.Errorf("%d timeouts counted for the server, want 1", n)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"mcsidecar/codec"
+	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/upstream"
 )
 
 // rmwAttempts bounds the read-modify-write of append, prepend, incr and
@@ -72,7 +74,7 @@ func (c *conn) countStored(logical, stored int) {
 // until the next open. A refused envelope is counted by its reason, deleted
 // upstream when it is damaged and --codec-delete-corrupt asks for it, and
 // reported as not ok: the client sees a miss.
-func (c *conn) open(srv *server, key []byte, k string, bind bool, storedFlags uint32, stored []byte) ([]byte, uint32, bool) {
+func (c *conn) open(srv *upstream.Server, key []byte, k string, bind bool, storedFlags uint32, stored []byte) ([]byte, uint32, bool) {
 	v, flags, err := c.p.codec.AppendDecode(c.dec[:0], key, bind, storedFlags, stored)
 	if err != nil {
 		r := codec.ReasonOf(err)
@@ -95,14 +97,14 @@ func (c *conn) open(srv *server, key []byte, k string, bind bool, storedFlags ui
 // value and flags, and the item's CAS and time to live to write it back
 // with. A missing item and a refused envelope are both not found, and so
 // is, under a rewritten key (bind), an item that is no envelope.
-func (c *conn) readForUpdate(srv *server, k string, key []byte, bind bool) (value []byte, it metaItem, found bool, err error) {
+func (c *conn) readForUpdate(srv *upstream.Server, k string, key []byte, bind bool) (value []byte, it upstream.MetaItem, found bool, err error) {
 	start := time.Now()
-	c.raw, it, found, err = srv.raw.getForUpdate(k, c.raw)
-	srv.up.observe(start, err)
+	c.raw, it, found, err = srv.GetForUpdate(k, c.raw)
+	srv.Observe(start, err)
 	if err != nil || !found {
 		return nil, it, false, err
 	}
-	if !c.p.codec.IsEnveloped(it.flags) {
+	if !c.p.codec.IsEnveloped(it.Flags) {
 		if bind {
 			// Some client's own value at a key equal to this
 			// rewritten one: not ours.
@@ -113,28 +115,28 @@ func (c *conn) readForUpdate(srv *server, k string, key []byte, bind bool) (valu
 		// as one written before the codec was on.
 		return c.raw, it, true, nil
 	}
-	value, it.flags, found = c.open(srv, key, k, bind, it.flags, c.raw)
+	value, it.Flags, found = c.open(srv, key, k, bind, it.Flags, c.raw)
 	return value, it, found, nil
 }
 
 // writeBack stores value, enveloped, under key if the item is still as it
 // was read. conflict reports that another write came first.
-func (c *conn) writeBack(srv *server, k string, key []byte, bind bool, it metaItem, value []byte) (conflict, notStored bool, err error) {
+func (c *conn) writeBack(srv *upstream.Server, k string, key []byte, bind bool, it upstream.MetaItem, value []byte) (conflict, notStored bool, err error) {
 	conflict, notStored, _, err = c.writeBackCAS(srv, k, key, bind, it, value)
 	return conflict, notStored, err
 }
 
 // writeBackCAS is writeBack that also returns the CAS value of the item
 // stored, for the meta commands that answer it.
-func (c *conn) writeBackCAS(srv *server, k string, key []byte, bind bool, it metaItem, value []byte) (conflict, notStored bool, cas uint64, err error) {
-	stored, storedFlags := c.encode(key, bind, it.flags, value)
+func (c *conn) writeBackCAS(srv *upstream.Server, k string, key []byte, bind bool, it upstream.MetaItem, value []byte) (conflict, notStored bool, cas uint64, err error) {
+	stored, storedFlags := c.encode(key, bind, it.Flags, value)
 	if len(stored) > int(c.p.cfg.MaxItemSize) {
 		return false, true, 0, nil
 	}
-	it.flags = storedFlags
+	it.Flags = storedFlags
 	start := time.Now()
-	conflict, notStored, cas, err = srv.raw.storeIfUnchanged(k, it, stored)
-	srv.up.observe(start, err)
+	conflict, notStored, cas, err = srv.StoreIfUnchanged(k, it, stored)
+	srv.Observe(start, err)
 	if err == nil && !conflict && !notStored {
 		c.countStored(len(value), len(stored))
 	}
@@ -146,7 +148,7 @@ func (c *conn) writeBackCAS(srv *server, k string, key []byte, bind bool, it met
 // data is joined to the decoded value. As in memcached, the item keeps its
 // flags, a missing item is NOT_STORED, and so is a joined value over the
 // item-size limit (memcached cannot allocate it).
-func (c *conn) joinEnveloped(id int, srv *server, k string, key []byte, bind bool, data []byte) error {
+func (c *conn) joinEnveloped(id int, srv *upstream.Server, k string, key []byte, bind bool, data []byte) error {
 	return c.readModifyWrite(id, srv, k, key, bind, replyNotStored, outcomeNotStored, func(old []byte) (bool, error) {
 		if id == cmdAppend {
 			c.tmp = append(append(c.tmp[:0], old...), data...)
@@ -170,7 +172,7 @@ func (c *conn) joinEnveloped(id int, srv *server, k string, key []byte, bind boo
 // enveloped, with memcached's arithmetic: incr wraps at 2^64, decr stops at
 // 0, and a shorter result is padded with spaces to the old length, as
 // memcached rewrites the number in place.
-func (c *conn) arithmeticEnveloped(id int, srv *server, k string, key []byte, bind, incr bool, delta uint64) error {
+func (c *conn) arithmeticEnveloped(id int, srv *upstream.Server, k string, key []byte, bind, incr bool, delta uint64) error {
 	var n uint64
 	return c.readModifyWrite(id, srv, k, key, bind, replyNotFound, outcomeNotFound, func(old []byte) (bool, error) {
 		var ok bool
@@ -207,7 +209,7 @@ func (c *conn) arithmeticEnveloped(id int, srv *server, k string, key []byte, bi
 // with its outcome. change returns false when it has answered itself;
 // stored answers a write back (notStored: memcached refused it) and
 // returns false to try again.
-func (c *conn) readModifyWrite(id int, srv *server, k string, key []byte, bind bool, missing []byte, missingOutcome outcome,
+func (c *conn) readModifyWrite(id int, srv *upstream.Server, k string, key []byte, bind bool, missing []byte, missingOutcome outcome,
 	change func(old []byte) (bool, error), stored func(notStored bool) bool) error {
 	c.changed = false
 	for attempt := range rmwAttempts {
@@ -249,5 +251,5 @@ func parseCounter(v []byte) (uint64, bool) {
 	if i := bytes.IndexByte(v, 0); i >= 0 {
 		v = v[:i]
 	}
-	return parseUint64(v)
+	return wire.ParseUint64(v)
 }

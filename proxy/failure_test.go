@@ -302,12 +302,12 @@ func oneOfThreeKilled(t *testing.T, failureLimit int) {
 	keys := make([]string, n)
 	values := map[string]string{}
 	owner := map[string]int{}
-	perServer := make([]int, len(up.servers))
+	perServer := make([]int, len(up.Servers))
 	for i := range keys {
 		k := "key:" + strconv.Itoa(i)
 		keys[i] = k
 		values[k] = "value-" + strconv.Itoa(i*7919)
-		owner[k] = up.sel.pick(k)
+		owner[k] = up.Pick(k, false)
 		perServer[owner[k]]++
 		req := fmt.Sprintf("set %s %d 0 %d\r\n%s\r\n", k, i, len(values[k]), values[k])
 		if got := c.do(req); got != "STORED\r\n" {
@@ -316,13 +316,13 @@ func oneOfThreeKilled(t *testing.T, failureLimit int) {
 	}
 	for s, count := range perServer {
 		if count == 0 {
-			t.Fatalf("server %s owns none of the %d keys; the test needs keys on every server", up.servers[s].name, n)
+			t.Fatalf("server %s owns none of the %d keys; the test needs keys on every server", up.Servers[s].Name(), n)
 		}
 	}
 
 	const dead = 1
-	kills[up.servers[dead].name]()
-	t.Logf("killed %s, which owned %d of %d keys", up.servers[dead].name, perServer[dead], n)
+	kills[up.Servers[dead].Name()]()
+	t.Logf("killed %s, which owned %d of %d keys", up.Servers[dead].Name(), perServer[dead], n)
 
 	// check parses a retrieval reply and holds every value in it to the
 	// value stored under its key.
@@ -365,7 +365,7 @@ func oneOfThreeKilled(t *testing.T, failureLimit int) {
 		for _, k := range asked {
 			live := owner[k] != dead
 			if seen[k] != live {
-				t.Errorf("%q: %s (on %s, live %v) hit = %v", short(req), k, up.servers[owner[k]].name, live, seen[k])
+				t.Errorf("%q: %s (on %s, live %v) hit = %v", short(req), k, up.Servers[owner[k]].Name(), live, seen[k])
 			}
 		}
 	}
@@ -387,7 +387,7 @@ func oneOfThreeKilled(t *testing.T, failureLimit int) {
 		}
 		req := fmt.Sprintf("set %s %s 0 %d\r\n%s\r\n", k, strings.TrimPrefix(k, "key:"), len(values[k]), values[k])
 		if got := c.do(req); got != want {
-			t.Errorf("set %s (on %s) answered %q, want %q", k, up.servers[owner[k]].name, got, want)
+			t.Errorf("set %s (on %s) answered %q, want %q", k, up.Servers[owner[k]].Name(), got, want)
 		}
 	}
 	// flush_all answers OK only when every server did.
@@ -397,25 +397,25 @@ func oneOfThreeKilled(t *testing.T, failureLimit int) {
 	if failureLimit == 0 {
 		return
 	}
-	h := up.servers[dead].health
-	if !h.down.Load() || h.ejections.Load() != 1 {
-		t.Fatalf("dead server: ejected %v, %d ejections; want ejected once", h.down.Load(), h.ejections.Load())
+	h := up.Servers[dead]
+	if !h.Ejected() || h.Ejections() != 1 {
+		t.Fatalf("dead server: ejected %v, %d ejections; want ejected once", h.Ejected(), h.Ejections())
 	}
-	for s, srv := range up.servers {
-		if s != dead && (srv.health.down.Load() || srv.health.ejections.Load() != 0) {
-			t.Errorf("live server %s was ejected", srv.name)
+	for s, srv := range up.Servers {
+		if s != dead && (srv.Ejected() || srv.Ejections() != 0) {
+			t.Errorf("live server %s was ejected", srv.Name())
 		}
 	}
-	if _, ok := runMemcached(t, up.servers[dead].name); !ok {
-		t.Fatal("could not restart memcached on " + up.servers[dead].name)
+	if _, ok := runMemcached(t, up.Servers[dead].Name()); !ok {
+		t.Fatal("could not restart memcached on " + up.Servers[dead].Name())
 	}
-	if !waitFor(5*time.Second, func() bool { return !h.down.Load() }) {
+	if !waitFor(5*time.Second, func() bool { return !h.Ejected() }) {
 		t.Fatal("the restarted server is still ejected after 5s")
 	}
 	for _, k := range keys[:20] {
 		req := fmt.Sprintf("set %s %s 0 %d\r\n%s\r\n", k, strings.TrimPrefix(k, "key:"), len(values[k]), values[k])
 		if got := c.do(req); got != "STORED\r\n" {
-			t.Errorf("set %s (on %s) after the restart answered %q", k, up.servers[owner[k]].name, got)
+			t.Errorf("set %s (on %s) after the restart answered %q", k, up.Servers[owner[k]].Name(), got)
 		}
 	}
 	req := "get " + strings.Join(keys[:20], " ") + "\r\n"

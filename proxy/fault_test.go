@@ -146,7 +146,7 @@ func TestMemcachedKilledAndRestartedUnderLoad(t *testing.T) {
 	cfg.FailureLimit = 3
 	cfg.RetryInterval = 50 * time.Millisecond
 	p, addr := startProxy(t, cfg)
-	srv := p.upstreams().servers[0]
+	srv := p.upstreams().Servers[0]
 
 	const workers, maxOps = 4, 20000
 	var restarted, progress atomic.Int64
@@ -216,7 +216,7 @@ func TestMemcachedKilledAndRestartedUnderLoad(t *testing.T) {
 		slowest = max(slowest, w.recovery)
 	}
 	t.Logf("%d requests: %d sets stored, %d failed, %d hits, %d misses; slowest client stored again %v after the restart; %d ejections",
-		ops, stored, failed, hits, misses, slowest.Round(time.Millisecond), srv.health.ejections.Load())
+		ops, stored, failed, hits, misses, slowest.Round(time.Millisecond), srv.Ejections())
 	if !recovered {
 		t.Errorf("not every client stored again within %v of the restart", bound)
 	}
@@ -226,10 +226,10 @@ func TestMemcachedKilledAndRestartedUnderLoad(t *testing.T) {
 	if hits == 0 {
 		t.Error("no get hit")
 	}
-	if srv.health.ejections.Load() == 0 {
+	if srv.Ejections() == 0 {
 		t.Error("the server was never ejected while down")
 	}
-	if srv.health.down.Load() {
+	if srv.Ejected() {
 		t.Error("the server is still ejected after it came back")
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"mcsidecar/proxy/upstream"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -160,7 +162,7 @@ func testConfig(upstreams ...string) Config {
 	return Config{
 		Listen:           "127.0.0.1:0",
 		Upstreams:        upstreams,
-		Selector:         selectJump,
+		Selector:         upstream.SelectJump,
 		Timeout:          time.Second,
 		ConnectTimeout:   time.Second,
 		MaxIdleConns:     100,

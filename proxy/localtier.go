@@ -7,6 +7,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/tier"
 )
 
@@ -148,7 +149,7 @@ func (p *Proxy) pauseFills(delay int32, withDelay bool) {
 		return
 	}
 	until := time.Now().Add(time.Duration(delay) * time.Second)
-	if delay > maxRelativeTTL {
+	if delay > wire.MaxRelativeTTL {
 		until = time.Unix(int64(delay), 0)
 	}
 	until = until.Add(time.Second)

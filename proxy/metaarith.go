@@ -6,6 +6,9 @@ import (
 	"bytes"
 	"strconv"
 	"time"
+
+	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/upstream"
 )
 
 // metaArithmetic answers ma. Like incr and decr it goes zone after zone
@@ -23,7 +26,7 @@ func (c *conn) metaArithmetic(w [][]byte) error {
 			return c.metaAnswer(cmdMetaArithmetic, m, metaCodeNotFound, nil, nil)
 		}
 		c.keyBuf = append(c.keyBuf[:0], m.key...)
-		return c.modifyInZones(k, func(srv *server) error {
+		return c.modifyInZones(k, func(srv *upstream.Server) error {
 			return c.metaArithmeticEnveloped(m, srv, k, bound)
 		})
 	}
@@ -62,7 +65,7 @@ func (c *conn) metaArithmetic(w [][]byte) error {
 	}
 	var value []byte
 	if r.code == [2]byte{'V', 'A'} {
-		value = c.cmdCall(z).arena
+		value = c.cmdCall(z).Arena
 	}
 	if r.code == [2]byte{'V', 'A'} || r.code == [2]byte{'H', 'D'} {
 		c.metaAlignDelete(z, k, m.wireBin)
@@ -75,7 +78,7 @@ func (c *conn) metaArithmetic(w [][]byte) error {
 // with memcached's arithmetic (see arithmeticEnveloped): a missing item is
 // NF, or with N created from J (default 0) by an add; a CAS the item no
 // longer has is EX. The client key is in c.keyBuf.
-func (c *conn) metaArithmeticEnveloped(m *metaReq, srv *server, k string, bound bool) error {
+func (c *conn) metaArithmeticEnveloped(m *metaReq, srv *upstream.Server, k string, bound bool) error {
 	id := cmdMetaArithmetic
 	c.changed = false
 	for attempt := range rmwAttempts {
@@ -104,7 +107,7 @@ func (c *conn) metaArithmeticEnveloped(m *metaReq, srv *server, k string, bound 
 			c.alignReq = append(c.alignReq, ' ')
 			c.alignReq = strconv.AppendInt(c.alignReq, int64(len(stored)), 10)
 			c.alignReq = appendMetaFlag(c.alignReq, 'F', int64(storedFlags))
-			c.alignReq = appendMetaFlag(c.alignReq, 'T', exptimeOf(ttl))
+			c.alignReq = appendMetaFlag(c.alignReq, 'T', wire.ExptimeOf(ttl))
 			c.alignReq = append(c.alignReq, " ME c\r\n"...)
 			line, err := c.send(srv, c.alignReq, stored)
 			if err != nil {
@@ -113,11 +116,11 @@ func (c *conn) metaArithmeticEnveloped(m *metaReq, srv *server, k string, bound 
 			if !bytes.HasPrefix(line, storedWithCAS) {
 				continue // another client created it first
 			}
-			cas, _ = parseUint64(bytes.TrimSuffix(line[len(storedWithCAS):], crlf))
+			cas, _ = wire.ParseUint64(bytes.TrimSuffix(line[len(storedWithCAS):], crlf))
 			c.changed = true
 			return c.metaArithmeticAnswer(m, n, cas, oldTTL, true)
 		}
-		if m.hasCAS && it.cas != m.cas {
+		if m.hasCAS && it.CAS != m.cas {
 			return c.metaAnswer(id, m, metaCodeExists, nil, nil)
 		}
 		var ok bool
@@ -136,8 +139,8 @@ func (c *conn) metaArithmeticEnveloped(m *metaReq, srv *server, k string, bound 
 		for len(c.tmp) < len(old) {
 			c.tmp = append(c.tmp, ' ')
 		}
-		oldTTL = it.ttl
-		it.ttl = metaTTL(m, oldTTL, false)
+		oldTTL = it.TTL
+		it.TTL = metaTTL(m, oldTTL, false)
 		conflict, notStored, newCAS, err := c.writeBackCAS(srv, k, c.keyBuf, bound, it, c.tmp)
 		if err != nil {
 			return c.upstreamError(id, srv, err)
@@ -177,7 +180,7 @@ func ttlOf(exptime int32) int32 {
 		return -1
 	case exptime < 0:
 		return 0
-	case exptime > maxRelativeTTL:
+	case exptime > wire.MaxRelativeTTL:
 		return max(0, exptime-int32(time.Now().Unix()))
 	}
 	return exptime

@@ -1,5 +1,7 @@
 package proxy
 
+import "mcsidecar/proxy/internal/wire"
+
 // The meta commands' request lines, read the way memcached 1.6.18 reads
 // them (proto_text.c: _meta_flag_preparse and the process_m*_command
 // functions): the same checks in the same order, answered with the same
@@ -181,7 +183,7 @@ func parseMeta(m *metaReq, words [][]byte, limitKey bool) {
 // readLength reads ms's data length as memcached does (safe_strtol, then
 // 0 to INT_MAX-2).
 func (m *metaReq) readLength(w []byte) bool {
-	n, ok := parseInt32(w)
+	n, ok := wire.ParseInt32(w)
 	if !ok || n < 0 || n > 1<<31-1-2 {
 		return false
 	}
@@ -215,17 +217,17 @@ func (m *metaReq) preparse() []byte {
 				err = replyMetaBadKey
 			}
 		case 'N':
-			if m.vivify, ok = parseInt32(arg); !ok {
+			if m.vivify, ok = wire.ParseInt32(arg); !ok {
 				err = replyMetaBadToken
 			}
 			m.hasVivify = true
 		case 'T':
-			if m.ttl, ok = parseInt32(arg); !ok {
+			if m.ttl, ok = wire.ParseInt32(arg); !ok {
 				err = replyMetaBadToken
 			}
 			m.hasTTL = true
 		case 'R':
-			if m.recache, ok = parseInt32(arg); !ok {
+			if m.recache, ok = wire.ParseInt32(arg); !ok {
 				err = replyMetaBadToken
 			}
 			m.hasRecache = true
@@ -239,11 +241,11 @@ func (m *metaReq) preparse() []byte {
 			m.quiet = true
 		case 'F':
 			// memcached leaves the default words for a bad F.
-			if m.clientFlags, ok = parseUint32(arg); !ok && err == nil {
+			if m.clientFlags, ok = wire.ParseUint32(arg); !ok && err == nil {
 				err = replyBadFormat
 			}
 		case 'C':
-			if m.cas, ok = parseUint64(arg); !ok {
+			if m.cas, ok = wire.ParseUint64(arg); !ok {
 				err = replyMetaBadToken
 			}
 			m.hasCAS = ok
@@ -254,11 +256,11 @@ func (m *metaReq) preparse() []byte {
 				m.mode = w[1]
 			}
 		case 'J':
-			if m.initial, ok = parseUint64(arg); !ok {
+			if m.initial, ok = wire.ParseUint64(arg); !ok {
 				err = replyMetaBadInitial
 			}
 		case 'D':
-			if m.delta, ok = parseUint64(arg); !ok {
+			if m.delta, ok = wire.ParseUint64(arg); !ok {
 				err = replyMetaBadDelta
 			}
 		case 'I':

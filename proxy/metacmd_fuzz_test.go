@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"mcsidecar/proxy/internal/wire"
 )
 
 // metaSeedLines are the meta command lines of the differential scripts.
@@ -220,7 +222,7 @@ func metaFuzzRequest(input []byte, withoutDebug bool) []byte {
 		if len(w) == 0 || len(w[0]) != 2 || w[0][0] != 'm' || withoutDebug && w[0][1] == 'e' {
 			continue
 		}
-		words, _ := tokenize(nil, l, maxTokens-1)
+		words, _ := wire.Tokenize(nil, l, maxTokens-1)
 		if len(words) > 1 && !forwardable(words[1]) {
 			continue
 		}
@@ -230,7 +232,7 @@ func metaFuzzRequest(input []byte, withoutDebug bool) []byte {
 				continue
 			}
 			if len(words) > 2 {
-				n, ok := parseInt32(words[2])
+				n, ok := wire.ParseInt32(words[2])
 				if ok && n > 2000 {
 					continue
 				}

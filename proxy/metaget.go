@@ -5,6 +5,9 @@ package proxy
 import (
 	"bytes"
 	"strconv"
+
+	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/upstream"
 )
 
 // metaMiss answers a meta get that found nothing: EN, unless quiet.
@@ -27,16 +30,16 @@ func (c *conn) writeMetaMiss(m *metaReq) {
 // order. It returns the answer that ends the search (a hit, or the local
 // zone's answer when no zone had the key), its call (a hit's value is in
 // its arena), server and zone.
-func (c *conn) metaRead(k string) (line []byte, call *getCall, srv *server, from int, err error) {
+func (c *conn) metaRead(k string) (line []byte, call *upstream.Call, srv *upstream.Server, from int, err error) {
 	if c.zs == nil {
-		srv = c.up.servers[c.serverFor(k)]
+		srv = c.up.Servers[c.serverFor(k)]
 		line, err = c.send(srv, c.req, nil)
 		return line, c.cmd, srv, 0, err
 	}
 	rehash := c.p.cfg.EjectRehash
 	for z := range c.zs {
 		zc := &c.zs[z]
-		s := zc.up.servers[zc.up.pick(k, rehash)]
+		s := zc.up.Servers[zc.up.Pick(k, rehash)]
 		l, e := sendOn(zc.cmd, s, c.req, nil)
 		if z == 0 || err != nil && e == nil {
 			line, call, srv, from, err = l, zc.cmd, s, z, e
@@ -60,11 +63,11 @@ func (c *conn) metaFill(k string, m *metaReq, r *metaReply, stored []byte, store
 		exptime = int64(m.ttl)
 	case string(tok) == "-1":
 	default:
-		ttl, ok := parseDecimal(tok, 1<<31-1)
+		ttl, ok := wire.ParseDecimal(tok, 1<<31-1)
 		if !ok || ttl == 0 {
 			return // gone in under a second: not worth it
 		}
-		exptime = exptimeOf(int32(ttl))
+		exptime = wire.ExptimeOf(int32(ttl))
 	}
 	c.flush()
 	req := append(c.alignReq[:0], "ms "...)
@@ -82,7 +85,7 @@ func (c *conn) metaFill(k string, m *metaReq, r *metaReply, stored []byte, store
 	req = appendMetaFlag(req, 'T', exptime)
 	c.alignReq = append(req, " ME\r\n"...)
 	zc := &c.zs[0]
-	line, err := sendOn(zc.cmd, zc.up.servers[zc.up.pick(k, c.p.cfg.EjectRehash)], c.alignReq, stored)
+	line, err := sendOn(zc.cmd, zc.up.Servers[zc.up.Pick(k, c.p.cfg.EjectRehash)], c.alignReq, stored)
 	switch {
 	case err != nil:
 		c.p.fills[fillFailed].Add(1)
@@ -123,7 +126,7 @@ func (c *conn) metaGet(w [][]byte) error {
 	if vivifyLast && err == nil && bytes.HasPrefix(line, metaCodeMiss) {
 		c.req = c.appendMetaGet(c.req[:0], k, m, codec, filling, true)
 		zc := &c.zs[0]
-		srv = zc.up.servers[zc.up.pick(k, c.p.cfg.EjectRehash)]
+		srv = zc.up.Servers[zc.up.Pick(k, c.p.cfg.EjectRehash)]
 		line, err = sendOn(zc.cmd, srv, c.req, nil)
 		call, from = zc.cmd, 0
 	}
@@ -132,7 +135,7 @@ func (c *conn) metaGet(w [][]byte) error {
 			return c.upstreamError(cmdMetaGet, srv, err)
 		}
 		// A miss for the client, an upstream error in the counters.
-		srv.dropIdle(err)
+		srv.DropIdle(err)
 		c.metaCountKey(m, false)
 		c.p.stats.record(cmdMetaGet, outcomeUpstreamError)
 		c.writeMetaMiss(m)
@@ -150,10 +153,10 @@ func (c *conn) metaGet(w [][]byte) error {
 		c.answer(cmdMetaGet, line)
 		return nil
 	}
-	value := call.arena
+	value := call.Arena
 	var flags uint32
 	if tok, ok := r.flag('f'); ok {
-		flags, _ = parseUint32(tok)
+		flags, _ = wire.ParseUint32(tok)
 	}
 	stored, storedFlags := value, flags
 	if codec {

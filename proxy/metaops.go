@@ -3,6 +3,8 @@ package proxy
 import (
 	"bytes"
 	"strconv"
+
+	"mcsidecar/proxy/upstream"
 )
 
 // The meta commands go upstream as meta commands under the upstream key,
@@ -251,7 +253,7 @@ func (c *conn) metaAnswer(id int, m *metaReq, code []byte, r *metaReply, value [
 
 // cmdCall returns the command call of zone z, which holds the data block
 // of the last reply there.
-func (c *conn) cmdCall(z int) *getCall {
+func (c *conn) cmdCall(z int) *upstream.Call {
 	if c.zs == nil {
 		return c.cmd
 	}

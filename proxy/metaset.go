@@ -5,6 +5,8 @@ package proxy
 import (
 	"bytes"
 	"strconv"
+
+	"mcsidecar/proxy/upstream"
 )
 
 // metaSet answers ms. As store does for the classic commands, the data
@@ -70,7 +72,7 @@ func (c *conn) metaSet(w [][]byte) error {
 			return c.metaSetAnswer(m, metaCodeNotStore, nil)
 		}
 		c.keyBuf = append(c.keyBuf[:0], m.key...)
-		return c.modifyInZones(k, func(srv *server) error {
+		return c.modifyInZones(k, func(srv *upstream.Server) error {
 			return c.metaJoinEnveloped(m, srv, k, bound, value)
 		})
 	}
@@ -83,7 +85,7 @@ func (c *conn) metaSet(w [][]byte) error {
 	}
 	c.req = c.appendMetaStore(c.req[:0], k, m, flags, len(value), m.has('c'))
 	var line []byte
-	var srv *server
+	var srv *upstream.Server
 	z := 0
 	// As for the classic commands: add goes to every zone and stores
 	// only where no zone holds the key; a write that takes only where
@@ -214,7 +216,7 @@ func (c *conn) metaTooLarge(k string, m *metaReq, n int) error {
 // values are enveloped, as joinEnveloped does for append and prepend: a
 // missing item is NS (or, asked quietly by modifyInZones, no answer), a
 // CAS the item no longer has is EX. The client key is in c.keyBuf.
-func (c *conn) metaJoinEnveloped(m *metaReq, srv *server, k string, bound bool, data []byte) error {
+func (c *conn) metaJoinEnveloped(m *metaReq, srv *upstream.Server, k string, bound bool, data []byte) error {
 	id := cmdMetaSet
 	c.changed = false
 	for attempt := range rmwAttempts {
@@ -230,7 +232,7 @@ func (c *conn) metaJoinEnveloped(m *metaReq, srv *server, k string, bound bool, 
 		if !found {
 			return c.metaSetAnswer(m, metaCodeNotStore, nil)
 		}
-		if m.hasCAS && it.cas != m.cas {
+		if m.hasCAS && it.CAS != m.cas {
 			return c.metaSetAnswer(m, metaCodeExists, nil)
 		}
 		if m.mode == 'A' {
@@ -279,7 +281,7 @@ func (c *conn) metaDelete(w [][]byte) error {
 	}
 	c.req = append(c.req, crlf...)
 	var line []byte
-	var srv *server
+	var srv *upstream.Server
 	var err error
 	z := 0
 	if m.hasCAS {

@@ -5,6 +5,7 @@ import (
 
 	"mcsidecar/codec"
 	"mcsidecar/keyspace"
+	"mcsidecar/proxy/upstream"
 )
 
 // collector exports the proxy's counters to Prometheus. It reads the same
@@ -99,7 +100,7 @@ func (m *collector) Describe(ch chan<- *prometheus.Desc) {
 		m.tierReads, m.tierEvicted, m.tierMutable, m.tierBytes, m.tierEntries, m.tierLimit} {
 		ch <- d
 	}
-	describeHealth(ch)
+	upstream.DescribeHealth(ch)
 	m.tenants.describe(ch)
 	m.p.stats.requestLatency.Describe(ch)
 	m.p.stats.upstreamLatency.Describe(ch)
@@ -111,7 +112,7 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
 	servers := m.p.uniqueServers()
-	m.p.collectHealth(ch, servers)
+	upstream.CollectHealth(ch, servers)
 	for id := range numCommands {
 		for oc := range numOutcomes {
 			counter(m.requests, s.requests[id][oc].Load(), commands[id].name, outcomeNames[oc])
@@ -126,9 +127,9 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(m.keys, s.getHits.Load()+s.touchHits.Load(), "hit")
 	counter(m.keys, s.getMisses.Load()+s.touchMisses.Load(), "miss")
 	for _, srv := range servers {
-		counter(m.upRequests, srv.up.requests.Load(), srv.name)
-		for k := kindNone + 1; k < numKinds; k++ {
-			counter(m.upErrors, srv.up.errors[k].Load(), srv.name, kindNames[k])
+		counter(m.upRequests, srv.Requests(), srv.Name())
+		for k := upstream.KindNone + 1; k < upstream.NumKinds; k++ {
+			counter(m.upErrors, srv.Errors(k), srv.Name(), k.String())
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(m.upServers, prometheus.GaugeValue, float64(len(servers)))

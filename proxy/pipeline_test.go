@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"mcsidecar/proxy/upstream"
 )
 
 // TestRefusedCommandDoesNotDisturbOtherClients: requests of many clients
@@ -85,16 +87,16 @@ func TestRefusedCommandDoesNotDisturbOtherClients(t *testing.T) {
 	if n := wrong.Load(); n > 0 {
 		t.Fatalf("%d wrong answers", n)
 	}
-	st := p.upstreams().servers[0].up
+	st := p.upstreams().Servers[0]
 	// Upstream requests: 2 per round of the refused, 4 of the noreply
 	// and 4 of the checking clients.
 	requests := uint64(2*rounds*2 + 2*rounds*4 + 4*rounds*4)
-	if n := st.requests.Load(); n == 0 || n >= requests {
+	if n := st.Requests(); n == 0 || n >= requests {
 		t.Errorf("%d upstream batches for %d requests: want fewer batches than requests, more than none", n, requests)
 	}
-	for k := range st.errors {
-		if n := st.errors[k].Load(); n != 0 {
-			t.Errorf("%d upstream errors of kind %q", n, kindNames[k])
+	for k := range upstream.NumKinds {
+		if n := st.Errors(k); n != 0 {
+			t.Errorf("%d upstream errors of kind %q", n, k.String())
 		}
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"mcsidecar/codec"
 	"mcsidecar/keyspace"
 	"mcsidecar/proxy/tier"
+	"mcsidecar/proxy/upstream"
 )
 
 // errTooManyFiles is the accept error worth waiting out: the process ran
@@ -116,10 +117,10 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 	for _, spec := range specs {
 		// The first lookup must succeed: there is no last good set to
 		// keep.
-		ctx, cancel := context.WithTimeout(context.Background(), lookupTimeout)
-		names, err := resolve(ctx, p.resolver(), spec.entries)
+		ctx, cancel := context.WithTimeout(context.Background(), upstream.LookupTimeout)
+		names, err := upstream.Resolve(ctx, p.resolver(), spec.entries)
 		cancel()
-		var up *upstreams
+		var up *upstream.Set
 		if err == nil {
 			up, _, err = p.newUpstreams(names, nil)
 		}
@@ -283,7 +284,7 @@ func (p *Proxy) wakeIdle() {
 func (p *Proxy) closeServers() {
 	p.stopDiscovery()
 	for _, s := range p.allServers() {
-		s.close()
+		s.Close()
 	}
 }
 
@@ -294,7 +295,7 @@ func (p *Proxy) Ready(ctx context.Context) error {
 	servers := p.allServers()
 	results := make(chan error, len(servers))
 	for _, s := range servers {
-		go func() { results <- s.raw.ping() }()
+		go func() { results <- s.Ping() }()
 	}
 	var last error
 	for range servers {

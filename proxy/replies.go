@@ -2,12 +2,8 @@ package proxy
 
 import (
 	"bytes"
-	"errors"
-	"io"
-	"net"
-	"strconv"
-	"strings"
-	"syscall"
+
+	"mcsidecar/proxy/upstream"
 )
 
 // Fixed replies, written exactly as memcached 1.6 writes them.
@@ -107,53 +103,15 @@ func isServerError(line []byte) bool {
 // commands of a read-modify-write) is relayed as it was sent; anything else
 // is an upstream failure.
 func upstreamReply(err error) ([]byte, outcome) {
-	if line, ok := relayedLine(err.Error()); ok {
+	if line, ok := upstream.RelayedLine(err.Error()); ok {
 		if bytes.Equal(line, replyTooLarge) {
 			// The server's item limit, not a failure of the server.
 			return line, outcomeClientError
 		}
 		return line, outcomeUpstreamError
 	}
-	if isTimeout(err) {
+	if upstream.IsTimeout(err) {
 		return replyUpstreamSlow, outcomeUpstreamError
 	}
 	return replyUpstreamDown, outcomeUpstreamError
-}
-
-// relayedLine finds the SERVER_ERROR or CLIENT_ERROR line quoted in an
-// errUnexpectedReply error, so that a client sees memcached's own words
-// (for example "object too large for cache").
-func relayedLine(msg string) ([]byte, bool) {
-	i := strings.LastIndex(msg, ": \"")
-	if i < 0 {
-		return nil, false
-	}
-	line, err := strconv.Unquote(msg[i+2:])
-	if err != nil {
-		return nil, false
-	}
-	if !strings.HasPrefix(line, "SERVER_ERROR ") && !strings.HasPrefix(line, "CLIENT_ERROR ") {
-		return nil, false
-	}
-	if !strings.HasSuffix(line, "\r\n") {
-		line += "\r\n"
-	}
-	return []byte(line), true
-}
-
-// isConnError reports whether err is a broken connection (reset, closed,
-// refused) rather than a timeout or a reply: what a restarted server
-// leaves behind in every pooled connection.
-func isConnError(err error) bool {
-	if err == nil || isTimeout(err) {
-		return false
-	}
-	var ne net.Error
-	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
-}
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }

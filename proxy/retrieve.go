@@ -1,6 +1,9 @@
 package proxy
 
-import "time"
+import (
+	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/upstream"
+)
 
 // retrieve answers get and gets: keys are grouped by server, each group goes
 // to that server's coalescer, and the VALUE lines come back in request
@@ -20,9 +23,9 @@ func (c *conn) retrieve(keys [][]byte, withCAS bool) error {
 	}
 	used := c.groupKeys(keys)
 	c.fetchGroups(used)
-	c.askOtherZones(retrieval{})
+	c.askOtherZones(upstream.Retrieval{})
 	err := c.answerRetrieval(id, withCAS)
-	c.fillLocal(retrieval{})
+	c.fillLocal(upstream.Retrieval{})
 	return err
 }
 
@@ -34,7 +37,7 @@ func (c *conn) retrieve(keys [][]byte, withCAS bool) error {
 // keeps a server that is slow to hand over from holding up the replies
 // already on their way.
 func (c *conn) fetchGroups(used []bool) {
-	servers := c.up.servers
+	servers := c.up.Servers
 	only, n := -1, 0
 	for s := range c.calls {
 		if used[s] {
@@ -44,34 +47,34 @@ func (c *conn) fetchGroups(used []bool) {
 	}
 	if n <= 1 {
 		if only >= 0 {
-			servers[only].pipe.get(c.calls[only])
+			servers[only].Get(c.calls[only])
 		}
 		return
 	}
 	led := c.ledServers()
 	first := -1 // the batch read first, written as its replies are awaited
 	for s := range c.calls {
-		if used[s] && servers[s].pipe.begin(c.calls[s]) {
+		if used[s] && servers[s].Begin(c.calls[s]) {
 			led[s] = true
 			first = s
 		}
 	}
 	for s := range c.calls {
 		if led[s] && s != first {
-			c.calls[s].pend.writeNow()
+			c.calls[s].WriteNow()
 		}
 	}
 	if first >= 0 {
-		servers[first].pipe.end(c.calls[first], true)
+		servers[first].End(c.calls[first], true)
 	}
 	for s := range c.calls {
 		if led[s] && s != first {
-			servers[s].pipe.end(c.calls[s], true)
+			servers[s].End(c.calls[s], true)
 		}
 	}
 	for s := range c.calls {
 		if used[s] && !led[s] {
-			servers[s].pipe.end(c.calls[s], false)
+			servers[s].End(c.calls[s], false)
 		}
 	}
 }
@@ -94,12 +97,12 @@ func (c *conn) getAndTouch(words [][]byte, withCAS bool) error {
 	if withCAS {
 		id = cmdGats
 	}
-	exptime, ok := parseInt32(words[0])
+	exptime, ok := wire.ParseInt32(words[0])
 	if !ok {
 		return c.clientError(id, replyBadExptime)
 	}
 	keys := words[1:]
-	r := retrieval{touch: true, exptime: exptime}
+	r := upstream.Retrieval{Touch: true, Exptime: exptime}
 	c.useTier(tierDrop)
 	for i, k := range keys {
 		if !c.validKey(k) {
@@ -119,48 +122,36 @@ func (c *conn) getAndTouch(words [][]byte, withCAS bool) error {
 
 // fetchAndTouch sends each server's share of keys as one gats request,
 // concurrently, and leaves the results in c.calls.
-func (c *conn) fetchAndTouch(r retrieval, keys [][]byte) {
+func (c *conn) fetchAndTouch(r upstream.Retrieval, keys [][]byte) {
 	c.groupKeys(keys)
-	fetchEach(c.up.servers, c.calls, r)
+	fetchEach(c.up.Servers, c.calls, r)
 }
 
 // fetchEach sends every call that has keys to its server (calls[i] to
 // servers[i]) as one request r, not coalesced, and returns when every call
 // has its items. It writes every request before it reads any reply, on
 // this goroutine, as fetchGroups does.
-func fetchEach(servers []*server, calls []*getCall, r retrieval) {
+func fetchEach(servers []*upstream.Server, calls []*upstream.Call, r upstream.Retrieval) {
 	first := -1 // the request read first, written as its replies are awaited
 	for s, call := range calls {
-		if len(call.keys) == 0 {
+		if len(call.Keys) == 0 {
 			continue
 		}
-		call.batch = append(call.batch[:0], call)
-		call.began = time.Now()
-		call.pend = servers[s].raw.send(r, call.batch)
+		servers[s].Send(r, call)
 		if first >= 0 {
-			calls[first].pend.writeNow()
+			calls[first].WriteNow()
 		}
 		first = s
 	}
 	if first < 0 {
 		return
 	}
-	finishEach(servers, calls, r, first)
+	servers[first].Finish(r, calls[first])
 	for s := range calls {
-		if s != first && len(calls[s].keys) > 0 {
-			finishEach(servers, calls, r, s)
+		if s != first && len(calls[s].Keys) > 0 {
+			servers[s].Finish(r, calls[s])
 		}
 	}
-}
-
-// finishEach reads the replies of fetchEach's request to server s.
-func finishEach(servers []*server, calls []*getCall, r retrieval, s int) {
-	call := calls[s]
-	call.err = servers[s].raw.finish(r, call.batch, call.pend)
-	servers[s].up.observe(call.began, call.err)
-	call.pend = pending{}
-	clear(call.batch)
-	call.batch = call.batch[:0]
 }
 
 // checkKeys refuses the whole request, as memcached does, when a key is
@@ -187,7 +178,7 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 		c.flush()
 	}
 	for _, call := range c.calls {
-		call.reset()
+		call.Reset()
 	}
 	if len(keys) > 1 {
 		clear(c.seen)
@@ -224,9 +215,9 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 		}
 		s := c.serverFor(key)
 		call := c.calls[s]
-		o := keyOwner{srv: int32(s), pos: int32(len(call.keys)), bound: bound, tenant: tenant, tierGen: gen}
+		o := keyOwner{srv: int32(s), pos: int32(len(call.Keys)), bound: bound, tenant: tenant, tierGen: gen}
 		c.owners = append(c.owners, o)
-		call.keys = append(call.keys, key)
+		call.Keys = append(call.Keys, key)
 		used[s] = true
 		if len(keys) > 1 {
 			if c.seen == nil {
@@ -259,9 +250,9 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 			if o.srv < 0 {
 				continue
 			}
-			if call := c.call(o); call.err != nil {
+			if call := c.call(o); call.Err != nil {
 				st.record(id, outcomeUpstreamError)
-				reply, _ := upstreamReply(call.err)
+				reply, _ := upstreamReply(call.Err)
 				c.reply(reply)
 				return nil
 			}
@@ -275,11 +266,11 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 			hit = true
 		} else if o.srv >= 0 {
 			call := c.call(o)
-			if call.err != nil {
+			if call.Err != nil {
 				oc = outcomeUpstreamError // answered as a miss
-			} else if call.items[o.pos].hit {
-				it := &call.items[o.pos]
-				value, flags, ok := call.value(int(o.pos)), it.flags, true
+			} else if call.Items[o.pos].Hit {
+				it := &call.Items[o.pos]
+				value, flags, ok := call.Value(int(o.pos)), it.Flags, true
 				stable := true // the value is the arena's, not decoded
 				switch {
 				case o.bound && !c.p.codec.IsEnveloped(flags):
@@ -289,15 +280,15 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 					ok = false
 				case o.bound || c.p.codec != nil && c.p.codec.IsEnveloped(flags):
 					c.keyBuf = append(c.keyBuf[:0], c.keys[i]...)
-					value, flags, ok = c.open(c.ownerServer(o), c.keyBuf, call.keys[o.pos], o.bound, flags, value)
+					value, flags, ok = c.open(c.ownerServer(o), c.keyBuf, call.Keys[o.pos], o.bound, flags, value)
 					stable = false
 				}
 				if ok {
-					c.writeValue(c.keys[i], flags, it.cas, value, withCAS, stable)
+					c.writeValue(c.keys[i], flags, it.CAS, value, withCAS, stable)
 					hit = true
 					if c.tierMode != tierOff {
 						c.keyBuf = append(c.keyBuf[:0], c.keys[i]...)
-						c.keep(c.keyBuf, call.keys[o.pos], o.tierGen, value, flags, it.ttl)
+						c.keep(c.keyBuf, call.Keys[o.pos], o.tierGen, value, flags, it.TTL)
 					}
 				}
 			}

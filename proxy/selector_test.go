@@ -10,60 +10,10 @@ import (
 	"strings"
 	"testing"
 
+	"mcsidecar/proxy/upstream"
+
 	"github.com/bradfitz/gomemcache/memcache"
-	"github.com/cespare/xxhash/v2"
 )
-
-// dskitJump is grafana/dskit's jumpHash (Lamping and Veach), written out
-// here so the test checks the library the proxy uses against the loop
-// store-gateways run.
-func dskitJump(key uint64, buckets int) int {
-	var b, j int64 = -1, 0
-	for j < int64(buckets) {
-		b = j
-		key = key*2862933555777941757 + 1
-		j = int64(float64(b+1) * (float64(int64(1)<<31) / float64((key>>33)+1)))
-	}
-	return int(b)
-}
-
-func TestJumpPicksTheServerDskitPicks(t *testing.T) {
-	for n := 1; n <= 12; n++ {
-		sel := jumpSelector(n)
-		for i := range 5000 {
-			key := fmt.Sprintf("P2:tenant-%d:01HZ%022d:label", i%7, i)
-			if got, want := sel.pick(key), dskitJump(xxhash.Sum64String(key), n); got != want {
-				t.Fatalf("%d servers, key %q: picked %d, dskit picks %d", n, key, got, want)
-			}
-		}
-	}
-}
-
-func TestServersAreInNaturalSortOrder(t *testing.T) {
-	in := []string{"mc-10:11211", "mc-2:11211", "mc-1:11211", "mc-0:11211"}
-	want := []string{"mc-0:11211", "mc-1:11211", "mc-2:11211", "mc-10:11211"}
-	if got := orderServers(in); !slices.Equal(got, want) {
-		t.Fatalf("order %v, want %v", got, want)
-	}
-	if in[0] != "mc-10:11211" {
-		t.Fatal("orderServers changed its argument")
-	}
-}
-
-func TestJumpMovesFewKeysWhenAServerIsAdded(t *testing.T) {
-	moved := 0
-	const keys = 20000
-	for i := range keys {
-		k := "S:t:" + strconv.Itoa(i)
-		if jumpSelector(4).pick(k) != jumpSelector(5).pick(k) {
-			moved++
-		}
-	}
-	// A fifth server should take about a fifth of the keys.
-	if moved < keys/10 || moved > keys*3/10 {
-		t.Fatalf("%d of %d keys moved from 4 to 5 servers, want about %d", moved, keys, keys/5)
-	}
-}
 
 // TestKetamaPlacesKeysWhereTwemproxyDoes stores keys through twemproxy
 // (ketama distribution, md5 hash) and reads them back through the proxy
@@ -109,7 +59,7 @@ func TestKetamaPlacesKeysWhereTwemproxyDoes(t *testing.T) {
 		t.Fatalf("storing through twemproxy: %q", short(got))
 	}
 	cfg := testConfig(ups...)
-	cfg.Selector = selectKetama
+	cfg.Selector = upstream.SelectKetama
 	_, addr := startProxy(t, cfg)
 	got := exchange(t, addr, gets.String())
 	if hits := strings.Count(got, "VALUE "); hits != n {
@@ -131,7 +81,7 @@ func TestGomemcachePlacesKeysWhereTheProxyDoes(t *testing.T) {
 	for _, tc := range []struct {
 		scheme  string
 		servers int
-	}{{selectJump, 1}, {selectJump, 2}, {selectJump, 3}, {selectJump, 5}, {selectKetama, 3}} {
+	}{{upstream.SelectJump, 1}, {upstream.SelectJump, 2}, {upstream.SelectJump, 3}, {upstream.SelectJump, 5}, {upstream.SelectKetama, 3}} {
 		t.Run(fmt.Sprintf("%s over %d", tc.scheme, tc.servers), func(t *testing.T) {
 			var addrs []string
 			for range tc.servers {

@@ -3,6 +3,8 @@ package proxy
 import (
 	"strings"
 	"testing"
+
+	"mcsidecar/proxy/upstream"
 )
 
 // statNames returns the STAT names of a stats reply, and whether it ends
@@ -31,7 +33,7 @@ func TestStatsSubcommands(t *testing.T) {
 	}
 	for name, want := range map[string]string{
 		"maxconns": "77", "tcpport": port, "inter": "127.0.0.1", "item_size_max": "1048576",
-		"cas_enabled": "yes", "upstream_selector": selectJump, "upstream_timeout_ms": "1000",
+		"cas_enabled": "yes", "upstream_selector": upstream.SelectJump, "upstream_timeout_ms": "1000",
 	} {
 		if got := settings[name]; got != want {
 			t.Errorf("stats settings: %s = %q, want %q", name, got, want)

@@ -1,6 +1,10 @@
 package proxy
 
-import "sync"
+import (
+	"sync"
+
+	"mcsidecar/proxy/upstream"
+)
 
 // UpstreamStatus is one upstream server's state, for the status page.
 type UpstreamStatus struct {
@@ -27,10 +31,10 @@ type UpstreamStatus struct {
 // returns their states zone by zone, the local zone first, each in the
 // selector's order. Each answer is bounded by the upstream timeouts.
 func (p *Proxy) Upstreams() []UpstreamStatus {
-	var servers []*server
+	var servers []*upstream.Server
 	var zoneOf []int
 	for i, z := range p.zones {
-		for _, s := range z.up.Load().servers {
+		for _, s := range z.up.Load().Servers {
 			servers = append(servers, s)
 			zoneOf = append(zoneOf, i)
 		}
@@ -44,13 +48,13 @@ func (p *Proxy) Upstreams() []UpstreamStatus {
 			// Requests refused because the server is ejected were
 			// never sent: they are neither requests nor failures here.
 			var errs uint64
-			for k := range s.up.errors {
-				if errKind(k) != kindEjected {
-					errs += s.up.errors[k].Load()
+			for k := range upstream.NumKinds {
+				if k != upstream.KindEjected {
+					errs += s.Errors(k)
 				}
 			}
-			out[i] = UpstreamStatus{Name: s.name, Zone: p.zones[zoneOf[i]].name, Local: zoneOf[i] == 0, Err: s.raw.ping(), Ejected: s.health.down.Load(), Failing: s.health.failing.Load(),
-				Requests: s.up.requests.Load(), Errors: errs}
+			out[i] = UpstreamStatus{Name: s.Name(), Zone: p.zones[zoneOf[i]].name, Local: zoneOf[i] == 0, Err: s.Ping(), Ejected: s.Ejected(), Failing: s.Failing(),
+				Requests: s.Requests(), Errors: errs}
 		}()
 	}
 	wg.Wait()

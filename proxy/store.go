@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"math"
 	"strconv"
+
+	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/upstream"
 )
 
 // store answers set, add, replace, append, prepend and cas. The checks run
@@ -72,7 +75,7 @@ func (c *conn) store(id int, w [][]byte) error {
 	}
 	value, flags := data[:vlen], a.flags
 	if enveloped && join {
-		return c.modifyInZones(k, func(srv *server) error {
+		return c.modifyInZones(k, func(srv *upstream.Server) error {
 			return c.joinEnveloped(id, srv, k, c.keyBuf, bound, value)
 		})
 	}
@@ -84,7 +87,7 @@ func (c *conn) store(id int, w [][]byte) error {
 	}
 	c.req = appendStorage(c.req[:0], storageVerbs[id], k, flags, a.exptime, len(value), a.cas, id == cmdCas)
 	var line []byte
-	var srv *server
+	var srv *upstream.Server
 	z := 0 // the zone whose reply answers
 	switch id {
 	case cmdSet:
@@ -179,14 +182,14 @@ func parseStoreArgs(w [][]byte, withCAS bool) storeArgs {
 	var vlen int32
 	a.key = w[1]
 	a.noreply = bytes.Equal(w[len(w)-1], noreplyWord)
-	a.flags, okFlags = parseUint32(w[2])
-	a.exptime, okExp = parseInt32(w[3])
-	vlen, a.lenOK = parseInt32(w[4])
+	a.flags, okFlags = wire.ParseUint32(w[2])
+	a.exptime, okExp = wire.ParseInt32(w[3])
+	vlen, a.lenOK = wire.ParseInt32(w[4])
 	a.lenOK = a.lenOK && vlen >= 0 && vlen <= math.MaxInt32-2
 	a.vlen = int(vlen)
 	okCas = true
 	if withCAS {
-		a.cas, okCas = parseUint64(w[5])
+		a.cas, okCas = wire.ParseUint64(w[5])
 	}
 	a.argsOK = okFlags && okExp && a.lenOK && okCas
 	a.ok = a.argsOK && len(a.key) <= keyMaxLength && forwardable(a.key)

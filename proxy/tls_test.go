@@ -18,6 +18,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"mcsidecar/proxy/upstream"
 )
 
 // testPKI is a CA and the files of certificates it signed, written for a
@@ -321,15 +323,15 @@ func TestTLSUpstreamChecksTheServerName(t *testing.T) {
 		if tc.want == "STORED\r\n" {
 			continue
 		}
-		srv := p.upstreams().servers[0]
-		if n := srv.up.errors[kindConnect].Load(); n == 0 {
+		srv := p.upstreams().Servers[0]
+		if n := srv.Errors(upstream.KindConnect); n == 0 {
 			var kinds []string
-			for k := kindNone + 1; k < numKinds; k++ {
-				kinds = append(kinds, kindNames[k]+"="+strconv.FormatUint(srv.up.errors[k].Load(), 10))
+			for k := upstream.KindNone + 1; k < upstream.NumKinds; k++ {
+				kinds = append(kinds, k.String()+"="+strconv.FormatUint(srv.Errors(k), 10))
 			}
 			t.Errorf("a refused certificate counted as %v, want connect", kinds)
 		}
-		if !srv.health.down.Load() {
+		if !srv.Ejected() {
 			t.Error("a server whose certificate is refused was not ejected")
 		}
 	}

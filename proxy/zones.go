@@ -8,6 +8,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/upstream"
 )
 
 // Zones keep a sidecar's reads inside its availability zone. Each zone is
@@ -58,7 +61,7 @@ func (c *Config) zoneSpecs() ([]zoneSpec, error) {
 			return nil, errors.New("--upstream names no server")
 		}
 		for _, u := range c.Upstreams {
-			if _, err := parseEntry(u); err != nil {
+			if _, err := upstream.ParseEntry(u); err != nil {
 				return nil, err
 			}
 		}
@@ -84,11 +87,11 @@ func (c *Config) zoneSpecs() ([]zoneSpec, error) {
 		z := zoneSpec{name: name}
 		for _, u := range strings.Split(list, ",") {
 			u = strings.TrimSpace(u)
-			e, err := parseEntry(u)
+			e, err := upstream.ParseEntry(u)
 			if u == "" || err != nil {
 				return nil, fmt.Errorf("--upstream-zone %q: bad entry %q", s, u)
 			}
-			if e.kind == entryStatic {
+			if e.Static() {
 				if other, dup := static[u]; dup && other != name {
 					return nil, fmt.Errorf("--upstream-zone: server %s is in zones %q and %q", u, other, name)
 				}
@@ -111,7 +114,7 @@ func (c *Config) zoneSpecs() ([]zoneSpec, error) {
 // its counters.
 type zone struct {
 	zoneSpec
-	up atomic.Pointer[upstreams]
+	up atomic.Pointer[upstream.Set]
 
 	// Keys asked of the zone by result, the value bytes of its hits, and
 	// writes that failed in it while another zone answered the client.
@@ -146,27 +149,27 @@ func (p *Proxy) zoned() bool { return len(p.zones) > 1 || p.zones[0].name != "" 
 // uniqueServers returns the current servers of every zone, each name once:
 // DNS may name one server in two zones, and its metrics must be exported
 // once.
-func (p *Proxy) uniqueServers() []*server {
+func (p *Proxy) uniqueServers() []*upstream.Server {
 	all := p.allServers()
 	if len(p.zones) == 1 {
 		return all
 	}
 	seen := make(map[string]bool, len(all))
-	return slices.DeleteFunc(all, func(s *server) bool {
-		dup := seen[s.name]
-		seen[s.name] = true
+	return slices.DeleteFunc(all, func(s *upstream.Server) bool {
+		dup := seen[s.Name()]
+		seen[s.Name()] = true
 		return dup
 	})
 }
 
 // allServers returns the current servers of every zone.
-func (p *Proxy) allServers() []*server {
+func (p *Proxy) allServers() []*upstream.Server {
 	if len(p.zones) == 1 {
-		return p.upstreams().servers
+		return p.upstreams().Servers
 	}
-	var all []*server
+	var all []*upstream.Server
 	for _, z := range p.zones {
-		all = append(all, z.up.Load().servers...)
+		all = append(all, z.up.Load().Servers...)
 	}
 	return all
 }
@@ -174,13 +177,13 @@ func (p *Proxy) allServers() []*server {
 // zoneCalls is a connection's view of one zone: the zone's server set for
 // the command being handled, a call per server, and one for commands.
 type zoneCalls struct {
-	up    *upstreams
-	calls []*getCall
-	cmd   *getCall
+	up    *upstream.Set
+	calls []*upstream.Call
+	cmd   *upstream.Call
 }
 
 // call returns the call that holds o's result.
-func (c *conn) call(o keyOwner) *getCall {
+func (c *conn) call(o keyOwner) *upstream.Call {
 	if o.zone == 0 {
 		return c.calls[o.srv]
 	}
@@ -188,11 +191,11 @@ func (c *conn) call(o keyOwner) *getCall {
 }
 
 // ownerServer returns the server that o's result came from.
-func (c *conn) ownerServer(o keyOwner) *server {
+func (c *conn) ownerServer(o keyOwner) *upstream.Server {
 	if o.zone == 0 {
-		return c.up.servers[o.srv]
+		return c.up.Servers[o.srv]
 	}
-	return c.zs[o.zone].up.servers[o.srv]
+	return c.zs[o.zone].up.Servers[o.srv]
 }
 
 // askOtherZones looks up, zone after zone, the keys that the zones asked
@@ -200,18 +203,18 @@ func (c *conn) ownerServer(o keyOwner) *server {
 // ejected. Each zone gets one mg per key, in one request per server, all
 // servers at once; the answers are left in that zone's calls, and the
 // owners of the keys answered point there.
-func (c *conn) askOtherZones(r retrieval) {
+func (c *conn) askOtherZones(r upstream.Retrieval) {
 	if c.zs == nil {
 		return
 	}
 	c.countZoneReads(0)
 	c.asked = 1
 	multi := len(c.owners) > 1
-	r.meta = true
+	r.Meta = true
 	for z := 1; z < len(c.zs); z++ {
 		zc := &c.zs[z]
 		for _, call := range zc.calls {
-			call.reset()
+			call.Reset()
 		}
 		if multi {
 			clear(c.seen)
@@ -223,20 +226,20 @@ func (c *conn) askOtherZones(r retrieval) {
 				continue
 			}
 			call := c.call(*o)
-			if call.err == nil && call.items[o.pos].hit {
+			if call.Err == nil && call.Items[o.pos].Hit {
 				continue
 			}
-			key := call.keys[o.pos]
+			key := call.Keys[o.pos]
 			if multi {
 				if n, ok := c.seen[key]; ok {
 					o.zone, o.srv, o.pos = n.zone, n.srv, n.pos
 					continue
 				}
 			}
-			s := zc.up.pick(key, c.p.cfg.EjectRehash)
+			s := zc.up.Pick(key, c.p.cfg.EjectRehash)
 			next := zc.calls[s]
-			o.zone, o.srv, o.pos = int32(z), int32(s), int32(len(next.keys))
-			next.keys = append(next.keys, key)
+			o.zone, o.srv, o.pos = int32(z), int32(s), int32(len(next.Keys))
+			next.Keys = append(next.Keys, key)
 			asked = true
 			if multi {
 				if c.seen == nil {
@@ -249,7 +252,7 @@ func (c *conn) askOtherZones(r retrieval) {
 			return
 		}
 		c.asked = z + 1
-		fetchEach(zc.up.servers, zc.calls, r)
+		fetchEach(zc.up.Servers, zc.calls, r)
 		c.countZoneReads(z)
 	}
 }
@@ -258,22 +261,22 @@ func (c *conn) askOtherZones(r retrieval) {
 func (c *conn) countZoneReads(z int) {
 	zone := c.p.zones[z]
 	for _, call := range c.zs[z].calls {
-		if len(call.keys) == 0 {
+		if len(call.Keys) == 0 {
 			continue
 		}
-		if call.err != nil {
-			zone.reads[zoneError].Add(uint64(len(call.keys)))
+		if call.Err != nil {
+			zone.reads[zoneError].Add(uint64(len(call.Keys)))
 			continue
 		}
 		var hits, bytes uint64
-		for _, it := range call.items {
-			if it.hit {
+		for _, it := range call.Items {
+			if it.Hit {
 				hits++
-				bytes += uint64(it.n)
+				bytes += uint64(it.N)
 			}
 		}
 		zone.reads[zoneHit].Add(hits)
-		zone.reads[zoneMiss].Add(uint64(len(call.keys)) - hits)
+		zone.reads[zoneMiss].Add(uint64(len(call.Keys)) - hits)
 		zone.readBytes.Add(bytes)
 	}
 }
@@ -283,14 +286,14 @@ func (c *conn) countZoneReads(z int) {
 // the local zone got meanwhile is newer, and stays. A touch gives them its
 // new exptime; other reads keep their remaining time to live. The replies
 // to the client are written first, so a fill costs it no time.
-func (c *conn) fillLocal(r retrieval) {
+func (c *conn) fillLocal(r upstream.Retrieval) {
 	if c.zs == nil || !c.p.cfg.ZoneFill {
 		return
 	}
 	filled := false
 	for z := 1; z < c.asked && !filled; z++ {
 		for _, call := range c.zs[z].calls {
-			if call.err == nil && slices.ContainsFunc(call.items, func(it item) bool { return it.hit }) {
+			if call.Err == nil && slices.ContainsFunc(call.Items, func(it upstream.Item) bool { return it.Hit }) {
 				filled = true
 				break
 			}
@@ -302,64 +305,64 @@ func (c *conn) fillLocal(r retrieval) {
 	c.flush()
 	// The local calls are done with: each carries its server's fills.
 	for _, call := range c.calls {
-		call.reset()
+		call.Reset()
 	}
 	bufs := c.fillBuf[:0]
 	for z := 1; z < c.asked; z++ {
 		for _, call := range c.zs[z].calls {
-			if call.err != nil {
+			if call.Err != nil {
 				continue
 			}
-			for i, it := range call.items {
-				if !it.hit || it.ttl == 0 {
+			for i, it := range call.Items {
+				if !it.Hit || it.TTL == 0 {
 					continue // gone in under a second: not worth it
 				}
-				key := call.keys[i]
-				local := c.calls[c.up.pick(key, c.p.cfg.EjectRehash)]
-				exptime := exptimeOf(it.ttl)
-				if r.touch {
-					exptime = int64(r.exptime)
+				key := call.Keys[i]
+				local := c.calls[c.up.Pick(key, c.p.cfg.EjectRehash)]
+				exptime := wire.ExptimeOf(it.TTL)
+				if r.Touch {
+					exptime = int64(r.Exptime)
 				}
 				start := len(bufs)
-				bufs = appendStorage(bufs, "add", key, it.flags, int32(exptime), it.n, 0, false)
-				bufs = append(bufs, call.value(i)...)
+				bufs = appendStorage(bufs, "add", key, it.Flags, int32(exptime), it.N, 0, false)
+				bufs = append(bufs, call.Value(i)...)
 				bufs = append(bufs, crlf...)
 				// req is set once every fill is in bufs, which may move.
-				local.items = append(local.items, item{off: start, n: len(bufs) - start})
-				local.replies++
+				local.Items = append(local.Items, upstream.Item{Off: start, N: len(bufs) - start})
+				local.Replies++
 			}
 		}
 	}
 	c.fillBuf = bufs
 	var wg sync.WaitGroup
 	for s, call := range c.calls {
-		if call.replies == 0 {
+		if call.Replies == 0 {
 			continue
 		}
 		// The fills of one server are consecutive in bufs only when
 		// grouped: gather them.
-		call.arena = call.arena[:0]
-		for _, it := range call.items {
-			call.arena = append(call.arena, bufs[it.off:it.off+it.n]...)
+		call.Arena = call.Arena[:0]
+		for _, it := range call.Items {
+			call.Arena = append(call.Arena, bufs[it.Off:it.Off+it.N]...)
 		}
-		call.req = call.arena
+		call.Req = call.Arena
 		wg.Add(1)
-		go func(srv *server, call *getCall) {
+		go func(srv *upstream.Server, call *upstream.Call) {
 			defer wg.Done()
-			srv.pipe.get(call)
-		}(c.up.servers[s], call)
+			srv.Get(call)
+		}(c.up.Servers[s], call)
 	}
 	wg.Wait()
 	for _, call := range c.calls {
-		if call.replies == 0 {
+		if call.Replies == 0 {
 			continue
 		}
-		if call.err != nil {
-			c.p.fills[fillFailed].Add(uint64(call.replies))
+		if call.Err != nil {
+			c.p.fills[fillFailed].Add(uint64(call.Replies))
 			continue
 		}
 		var stored uint64
-		for rest := call.reply; len(rest) > 0; {
+		for rest := call.Reply; len(rest) > 0; {
 			var line []byte
 			line, rest, _ = bytes.Cut(rest, []byte{'\n'})
 			if bytes.Equal(line, replyStored[:len(replyStored)-1]) {
@@ -367,28 +370,28 @@ func (c *conn) fillLocal(r retrieval) {
 			}
 		}
 		c.p.fills[fillStored].Add(stored)
-		c.p.fills[fillNotStored].Add(uint64(call.replies) - stored)
+		c.p.fills[fillNotStored].Add(uint64(call.Replies) - stored)
 	}
-	if cap(c.fillBuf) > arenaKeep {
+	if cap(c.fillBuf) > upstream.ArenaKeep {
 		c.fillBuf = nil
 	}
 }
 
 // sendOn runs one command on srv with call, pipelined with other clients'
 // requests, and returns the line memcached answered.
-func sendOn(call *getCall, srv *server, req, data []byte) ([]byte, error) {
-	call.reset()
-	call.req, call.data = req, data
-	srv.pipe.get(call)
-	if call.err == nil && isServerError(call.reply) {
-		srv.up.serverError()
+func sendOn(call *upstream.Call, srv *upstream.Server, req, data []byte) ([]byte, error) {
+	call.Reset()
+	call.Req, call.Data = req, data
+	srv.Get(call)
+	if call.Err == nil && isServerError(call.Reply) {
+		srv.CountServerError()
 	}
-	return call.reply, call.err
+	return call.Reply, call.Err
 }
 
 // send runs a command on key k's server in this zone.
-func (zc *zoneCalls) send(k string, rehash bool, req, data []byte) (*server, []byte, error) {
-	srv := zc.up.servers[zc.up.pick(k, rehash)]
+func (zc *zoneCalls) send(k string, rehash bool, req, data []byte) (*upstream.Server, []byte, error) {
+	srv := zc.up.Servers[zc.up.Pick(k, rehash)]
 	line, err := sendOn(zc.cmd, srv, req, data)
 	return srv, line, err
 }
@@ -397,8 +400,8 @@ func (zc *zoneCalls) send(k string, rehash bool, req, data []byte) (*server, []b
 func writeFailed(line []byte, err error) bool { return err != nil || isServerError(line) }
 
 // sendLocal runs a command on key k's server, without zones.
-func (c *conn) sendLocal(k string, req, data []byte) ([]byte, *server, error) {
-	srv := c.up.servers[c.serverFor(k)]
+func (c *conn) sendLocal(k string, req, data []byte) ([]byte, *upstream.Server, error) {
+	srv := c.up.Servers[c.serverFor(k)]
 	line, err := c.send(srv, req, data)
 	return line, srv, err
 }
@@ -408,7 +411,7 @@ func (c *conn) sendLocal(k string, req, data []byte) ([]byte, *server, error) {
 // the local zone, or when it failed, of the first zone that answered, with
 // the server that answered (the local one when none did). With
 // --zone-writes=local it is sendDeciding.
-func (c *conn) sendEvery(k string, req, data []byte) (line []byte, srv *server, err error) {
+func (c *conn) sendEvery(k string, req, data []byte) (line []byte, srv *upstream.Server, err error) {
 	c.forget(k)
 	defer c.forget(k)
 	if c.zs == nil {
@@ -420,7 +423,7 @@ func (c *conn) sendEvery(k string, req, data []byte) (line []byte, srv *server, 
 	}
 	rehash := c.p.cfg.EjectRehash
 	type result struct {
-		srv  *server
+		srv  *upstream.Server
 		line []byte
 		err  error
 	}
@@ -462,7 +465,7 @@ func (c *conn) sendEvery(k string, req, data []byte) (line []byte, srv *server, 
 // does, the reply is the first zone's that answered (EXISTS if any zone
 // said so); when none answered, the local server and its error. A refusal
 // of the request itself (CLIENT_ERROR, SERVER_ERROR) ends the search.
-func (c *conn) sendDeciding(k string, req, data []byte) (line []byte, z int, srv *server, err error) {
+func (c *conn) sendDeciding(k string, req, data []byte) (line []byte, z int, srv *upstream.Server, err error) {
 	c.forget(k)
 	defer c.forget(k)
 	if c.zs == nil {
@@ -472,7 +475,7 @@ func (c *conn) sendDeciding(k string, req, data []byte) (line []byte, z int, srv
 	rehash := c.p.cfg.EjectRehash
 	answer := -1 // the zone whose reply answers when none takes the write
 	var firstErr error
-	var firstSrv *server
+	var firstSrv *upstream.Server
 	for z := range c.zs {
 		srv, line, err = c.zs[z].send(k, rehash, req, data)
 		if writeFailed(line, err) {
@@ -499,7 +502,7 @@ func (c *conn) sendDeciding(k string, req, data []byte) (line []byte, z int, srv
 		return nil, 0, firstSrv, firstErr
 	}
 	zc := &c.zs[answer]
-	return zc.cmd.reply, answer, zc.up.servers[zc.up.pick(k, rehash)], nil
+	return zc.cmd.Reply, answer, zc.up.Servers[zc.up.Pick(k, rehash)], nil
 }
 
 // sendAdd runs an add on every zone at once. It stores only if no zone
@@ -507,7 +510,7 @@ func (c *conn) sendDeciding(k string, req, data []byte) (line []byte, z int, srv
 // copies this add created in the other zones are deleted again (they will
 // be filled from the zone that had the key). With --zone-writes=local it
 // is the local zone's add, or the first zone's that answers.
-func (c *conn) sendAdd(k string, req, data []byte) (line []byte, srv *server, err error) {
+func (c *conn) sendAdd(k string, req, data []byte) (line []byte, srv *upstream.Server, err error) {
 	c.forget(k)
 	defer c.forget(k)
 	if c.zs == nil {
@@ -528,7 +531,7 @@ func (c *conn) sendAdd(k string, req, data []byte) (line []byte, srv *server, er
 	}
 	held := -1
 	for z := range c.zs {
-		if replyOutcome(c.zs[z].cmd.reply) == outcomeNotStored { // NOT_STORED, or ms's NS
+		if replyOutcome(c.zs[z].cmd.Reply) == outcomeNotStored { // NOT_STORED, or ms's NS
 			held = z
 			break
 		}
@@ -537,13 +540,13 @@ func (c *conn) sendAdd(k string, req, data []byte) (line []byte, srv *server, er
 		return line, srv, nil
 	}
 	for z := range c.zs {
-		if replyOutcome(c.zs[z].cmd.reply) == outcomeStored {
+		if replyOutcome(c.zs[z].cmd.Reply) == outcomeStored {
 			c.alignReq = appendKeyCommand(c.alignReq[:0], "delete ", k, nil)
 			c.zs[z].send(k, c.p.cfg.EjectRehash, c.alignReq, nil)
 		}
 	}
 	zc := &c.zs[held]
-	return zc.cmd.reply, zc.up.servers[zc.up.pick(k, c.p.cfg.EjectRehash)], nil
+	return zc.cmd.Reply, zc.up.Servers[zc.up.Pick(k, c.p.cfg.EjectRehash)], nil
 }
 
 // modifyInZones runs the read-modify-write of an enveloped item (append,
@@ -551,16 +554,16 @@ func (c *conn) sendAdd(k string, req, data []byte) (line []byte, srv *server, er
 // server is not ejected; when the item is missing there, in the next zone
 // that has one, and so on: the same search as sendDeciding. The zone that
 // changed the item decides, and the others drop their copy.
-func (c *conn) modifyInZones(k string, rmw func(srv *server) error) error {
+func (c *conn) modifyInZones(k string, rmw func(srv *upstream.Server) error) error {
 	c.forget(k)
 	defer c.forget(k)
 	if c.zs == nil {
-		return rmw(c.up.servers[c.serverFor(k)])
+		return rmw(c.up.Servers[c.serverFor(k)])
 	}
 	rehash := c.p.cfg.EjectRehash
 	var zones []int
 	for z, zc := range c.zs {
-		if !zc.up.servers[zc.up.pick(k, rehash)].health.down.Load() {
+		if !zc.up.Servers[zc.up.Pick(k, rehash)].Ejected() {
 			zones = append(zones, z)
 		}
 	}
@@ -571,7 +574,7 @@ func (c *conn) modifyInZones(k string, rmw func(srv *server) error) error {
 	for i, z := range zones {
 		zc := &c.zs[z]
 		c.quietMiss, c.missed = i < len(zones)-1, false
-		err := rmw(zc.up.servers[zc.up.pick(k, rehash)])
+		err := rmw(zc.up.Servers[zc.up.Pick(k, rehash)])
 		if err != nil || !c.missed {
 			if c.changed {
 				c.alignDelete(z, k)

@@ -3,10 +3,13 @@ package proxy
 import (
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"mcsidecar/proxy/upstream"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -44,12 +47,25 @@ func zonedConfig(local string, zones ...string) Config {
 // it: jump hash over the servers in their natural order.
 func ownerOf(t *testing.T, servers []string, key string) string {
 	t.Helper()
-	ordered := orderServers(servers)
-	sel, err := newSelector(selectJump, ordered)
+	ss, err := upstream.NewServerSelector(upstream.SelectJump, servers)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ordered[sel.pick(key)]
+	owner, err := ss.PickServer(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each lists the servers in the order they are picked by.
+	ordered, i := upstream.OrderServers(servers), 0
+	var name string
+	ss.Each(func(a net.Addr) error {
+		if a == owner {
+			name = ordered[i]
+		}
+		i++
+		return nil
+	})
+	return name
 }
 
 // directDo sends req straight to the memcached at addr and returns its

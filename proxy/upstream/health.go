@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"errors"
@@ -53,13 +53,13 @@ type health struct {
 	probers sync.WaitGroup
 }
 
-func newHealth(name string, cfg *Config, log *slog.Logger, probe func() error) *health {
+func newHealth(name string, o *Options, probe func() error) *health {
 	return &health{
 		name:     name,
-		limit:    int32(cfg.FailureLimit),
-		interval: cfg.RetryInterval,
+		limit:    int32(o.FailureLimit),
+		interval: o.RetryInterval,
 		probe:    probe,
-		log:      log,
+		log:      o.Log,
 		stop:     make(chan struct{}),
 	}
 }
@@ -80,12 +80,12 @@ func (h *health) observe(err error) error {
 		return err
 	}
 	k := failureKind(err)
-	if k == kindNone {
+	if k == KindNone {
 		h.answered()
 		return err
 	}
 	if h.failing.CompareAndSwap(false, true) {
-		h.log.Warn("upstream failing", "server", h.name, "kind", kindNames[k], "err", err)
+		h.log.Warn("upstream failing", "server", h.name, "kind", k.String(), "err", err)
 	}
 	if h.limit > 0 && h.fails.Add(1) >= h.limit {
 		h.eject()
@@ -106,18 +106,18 @@ func (h *health) answered() {
 }
 
 // failureKind says whether err is a failure of the server itself, and of
-// which kind: kindNone for an answer or an error of the request.
-func failureKind(err error) errKind {
+// which kind: KindNone for an answer or an error of the request.
+func failureKind(err error) Kind {
 	var op *net.OpError
 	switch {
 	case errors.As(err, &op) && op.Op == "dial":
-		return kindConnect
-	case isTimeout(err):
-		return kindTimeout
+		return KindConnect
+	case IsTimeout(err):
+		return KindTimeout
 	case isConnError(err):
-		return kindConnection
+		return KindConnection
 	}
-	return kindNone
+	return KindNone
 }
 
 // eject takes the server out and starts its prober, once however many
@@ -182,12 +182,14 @@ var (
 		"Times an upstream server was ejected.", []string{"server"}, nil)
 )
 
-func describeHealth(ch chan<- *prometheus.Desc) {
+// DescribeHealth sends the descriptions of the per-server health metrics.
+func DescribeHealth(ch chan<- *prometheus.Desc) {
 	ch <- serverUpDesc
 	ch <- ejectionsDesc
 }
 
-func (p *Proxy) collectHealth(ch chan<- prometheus.Metric, servers []*server) {
+// CollectHealth sends the health metrics of servers.
+func CollectHealth(ch chan<- prometheus.Metric, servers []*Server) {
 	for _, s := range servers {
 		up := 1.0
 		if s.health.down.Load() {

@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"errors"
@@ -8,90 +8,16 @@ import (
 	"time"
 )
 
-// getCall is one client request's work on one server: its share of the
-// keys of a get, or one command with a one-line reply (a storage command,
-// delete, touch, incr or decr). A connection keeps one per server, and one
-// for commands, and reuses them, buffers included, so a request costs no
-// allocation here once the buffers have grown.
-type getCall struct {
-	keys  []string
-	items []item // one per key, in key order
-	arena []byte // the values of items
-	// A command rather than a get: its line, its data block (nil for
-	// none; it stays unchanged until the call is done), and the line
-	// memcached answered. A meta command answered "VA <size> …" has its
-	// data block read into arena.
-	req, data, reply []byte
-	// replies is how many reply lines req asks for, when it holds more
-	// than one command (fills); 0 is one.
-	replies int
-	err     error
-	done    chan signal
-	// queued is when the call began to wait in line, if it did.
-	queued time.Time
-
-	// Scratch for when this call leads a batch.
-	batch []*getCall
-	// A batch begin sent, to be finished by end: its keys, when it
-	// began, and the connection it is on.
-	led   int
-	began time.Time
-	pend  pending
-}
-
-// item is one key's result: a hit's flags, CAS and where its value sits in
-// the call's arena.
-type item struct {
-	hit    bool
-	flags  uint32
-	cas    uint64
-	ttl    int32 // seconds left to live (-1: forever); meta retrievals only
-	off, n int
-}
-
-// arenaKeep is the largest value buffer a connection keeps between
-// requests; a bigger one, grown by a large reply, is left to the collector.
-const arenaKeep = 1 << 20
-
-// signal tells a waiting call what happened to it.
-type signal uint8
-
-const (
-	signalDone signal = iota // items and err are set
-	signalLead               // fetch the next batch yourself
-)
-
-func newGetCall() *getCall { return &getCall{done: make(chan signal, 1)} }
-
-// reset empties the call for the next request.
-func (c *getCall) reset() {
-	c.req, c.data, c.replies = nil, nil, 0
-	c.reply = c.reply[:0]
-	c.keys = c.keys[:0]
-	c.items = c.items[:0]
-	if cap(c.arena) > arenaKeep {
-		c.arena = nil
-	}
-	c.arena = c.arena[:0]
-	c.err = nil
-}
-
-// value returns the value of item i.
-func (c *getCall) value(i int) []byte {
-	it := &c.items[i]
-	return c.arena[it.off : it.off+it.n]
-}
-
 // fetch sends the work of every call in batch, in order, in one write:
 // the keys of consecutive gets as one retrieval, commands as they are. It
 // hands each call its items or its reply line. A batch is counted once in
 // up, however many clients it served.
-func fetch(pool *rawPool, up *serverStats, r retrieval, batch []*getCall) {
+func fetch(pool *rawPool, up *serverStats, r Retrieval, batch []*Call) {
 	began := time.Now()
 	err := pool.exchange(r, batch)
 	up.observe(began, err)
 	for _, c := range batch {
-		c.err = err
+		c.Err = err
 	}
 }
 
@@ -106,21 +32,21 @@ func fetch(pool *rawPool, up *serverStats, r retrieval, batch []*getCall) {
 type coalescer struct {
 	pool    *rawPool
 	up      *serverStats
-	r       retrieval // how gets are asked for: gets, or mg with the TTL
+	r       Retrieval // how gets are asked for: gets, or mg with the TTL
 	leaders int
 	maxKeys int
 
 	mu      sync.Mutex
 	active  int
-	waiting []*getCall
+	waiting []*Call
 }
 
 func newCoalescer(pool *rawPool, up *serverStats, leaders, maxKeys int) *coalescer {
 	return &coalescer{pool: pool, up: up, leaders: leaders, maxKeys: maxKeys}
 }
 
-// get fills call.items and call.err.
-func (co *coalescer) get(call *getCall) {
+// get fills call.Items and call.Err.
+func (co *coalescer) get(call *Call) {
 	co.mu.Lock()
 	if co.active < co.leaders {
 		co.active++
@@ -138,7 +64,7 @@ func (co *coalescer) get(call *getCall) {
 
 // lead fetches call's keys and those of the calls waiting behind it, then
 // passes leadership on to the next waiter or gives the slot back.
-func (co *coalescer) lead(call *getCall) {
+func (co *coalescer) lead(call *Call) {
 	keys := co.gather(call)
 	fetch(co.pool, co.up, co.r, call.batch)
 	co.handOver(call, keys)
@@ -151,7 +77,7 @@ func (co *coalescer) lead(call *getCall) {
 // in line is queued. end completes it. A request over several servers
 // writes to each before it reads from any, on its own goroutine, and
 // costs no goroutine per server.
-func (co *coalescer) begin(call *getCall) bool {
+func (co *coalescer) begin(call *Call) bool {
 	co.mu.Lock()
 	if co.active >= co.leaders {
 		call.queued = time.Now()
@@ -170,7 +96,7 @@ func (co *coalescer) begin(call *getCall) bool {
 // end completes what begin started: a leader reads its batch's replies
 // and hands over; a call in line waits for its reply, or for its turn to
 // lead.
-func (co *coalescer) end(call *getCall, led bool) {
+func (co *coalescer) end(call *Call, led bool) {
 	if !led {
 		if <-call.done == signalLead {
 			co.lead(call)
@@ -181,24 +107,24 @@ func (co *coalescer) end(call *getCall, led bool) {
 	call.pend = pending{}
 	co.up.observe(call.began, err)
 	for _, c := range call.batch {
-		c.err = err
+		c.Err = err
 	}
 	co.handOver(call, call.led)
 }
 
 // gather makes call.batch: call, then the calls waiting in line while
 // their keys fit. It returns how many keys the batch asks for.
-func (co *coalescer) gather(call *getCall) int {
+func (co *coalescer) gather(call *Call) int {
 	batch := append(call.batch[:0], call)
-	keys := len(call.keys)
+	keys := len(call.Keys)
 	co.mu.Lock()
 	n := 0
 	// Waiters join in order while their keys fit; one whose keys would
 	// overflow the batch waits for the next, so a heavy request never
 	// shares a deadline with light ones it was not already next to.
-	for n < len(co.waiting) && keys+len(co.waiting[n].keys) <= co.maxKeys && len(batch) < co.maxKeys {
+	for n < len(co.waiting) && keys+len(co.waiting[n].Keys) <= co.maxKeys && len(batch) < co.maxKeys {
 		batch = append(batch, co.waiting[n])
-		keys += len(co.waiting[n].keys)
+		keys += len(co.waiting[n].Keys)
 		n++
 	}
 	co.waiting = co.waiting[n:]
@@ -210,13 +136,13 @@ func (co *coalescer) gather(call *getCall) int {
 // handOver ends call's lead of a fetched batch of keys keys: it counts the
 // batch, wakes the calls it served, and passes leadership on to the next
 // waiter or gives the slot back.
-func (co *coalescer) handOver(call *getCall, keys int) {
+func (co *coalescer) handOver(call *Call, keys int) {
 	batch := call.batch
 	// A batch refused because the server is ejected was never sent: it
 	// counts as an ejected error only, as in the server's own counters.
-	if keys > 0 && !errors.Is(call.err, errEjected) {
-		co.up.all.upstreamGets.Add(1)
-		co.up.all.upstreamGetKeys.Add(uint64(keys))
+	if keys > 0 && !errors.Is(call.Err, errEjected) {
+		co.up.all.Gets.Add(1)
+		co.up.all.GetKeys.Add(uint64(keys))
 	}
 	for _, c := range batch[1:] {
 		c.done <- signalDone
@@ -233,12 +159,12 @@ func (co *coalescer) handOver(call *getCall, keys int) {
 	// took (a heavy one, or a proxy short of CPU). The line is in arrival
 	// order, so they are at its front.
 	expired := call.batch[:0]
-	for call.err != nil && len(co.waiting) > 0 && time.Since(co.waiting[0].queued) >= co.pool.timeout {
+	for call.Err != nil && len(co.waiting) > 0 && time.Since(co.waiting[0].queued) >= co.pool.timeout {
 		expired = append(expired, co.waiting[0])
 		co.waiting[0] = nil
 		co.waiting = co.waiting[1:]
 	}
-	var next *getCall
+	var next *Call
 	if len(co.waiting) > 0 {
 		next = co.waiting[0]
 		co.waiting[0] = nil
@@ -249,7 +175,7 @@ func (co *coalescer) handOver(call *getCall, keys int) {
 	}
 	co.mu.Unlock()
 	for _, c := range expired {
-		c.err = errQueueTimeout
+		c.Err = errQueueTimeout
 		c.done <- signalDone
 	}
 	clear(expired)

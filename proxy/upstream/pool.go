@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"bufio"
@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"mcsidecar/proxy/internal/sockio"
+	"mcsidecar/proxy/internal/wire"
 )
 
 // rawPool holds the connections to one server. Every request to it goes
@@ -208,7 +209,7 @@ func (p *rawPool) try(fn func(*rawConn) error) error {
 		return err
 	}
 	err = p.run(c, fn)
-	if err != nil && reused && !isTimeout(err) {
+	if err != nil && reused && !IsTimeout(err) {
 		p.dropIdle()
 		if c, _, err = p.get(); err != nil {
 			return err
@@ -283,16 +284,6 @@ func (p *rawPool) close() {
 	p.idle = nil
 }
 
-// retrieval says which retrieval command to send upstream.
-type retrieval struct {
-	touch   bool  // gat or gats
-	exptime int32 // the new expiration time, with touch
-	// meta asks with one mg per key, which also returns each hit's time
-	// to live: for a read from another zone, whose hits are filled into
-	// the local one.
-	meta bool
-}
-
 // lineMax is the longest non-get line memcached reads in pieces: with more
 // than this buffered and no newline it hangs up, so a long gats is split
 // into several pipelined lines no longer than this.
@@ -301,7 +292,7 @@ const lineMax = 2048
 // exchange sends the work of every call in batch in one write and reads
 // the replies in the same order (prepare, receive). A retry starts over:
 // the calls are emptied first.
-func (p *rawPool) exchange(r retrieval, batch []*getCall) error {
+func (p *rawPool) exchange(r Retrieval, batch []*Call) error {
 	return p.do(func(c *rawConn) error {
 		c.prepare(r, batch)
 		return c.receive(r, batch)
@@ -321,7 +312,7 @@ type pending struct {
 // takes a connection and gathers batch on it, to be written by writeNow
 // or as finish begins to read. finish completes it. Health, deadline and
 // the retry on a broken pooled connection are as in exchange.
-func (p *rawPool) send(r retrieval, batch []*getCall) pending {
+func (p *rawPool) send(r Retrieval, batch []*Call) pending {
 	if err := p.health.admit(); err != nil {
 		return pending{err: err}
 	}
@@ -345,7 +336,7 @@ func (x *pending) writeNow() {
 // finish reads the replies to what send gathered, writing it first if
 // writeNow did not, and pools the connection. A reused connection that
 // turned out broken is replaced and the batch sent again, as try does.
-func (p *rawPool) finish(r retrieval, batch []*getCall, x pending) error {
+func (p *rawPool) finish(r Retrieval, batch []*Call, x pending) error {
 	c, err := x.c, x.err
 	if c == nil {
 		return p.health.observe(err)
@@ -363,7 +354,7 @@ func (p *rawPool) finish(r retrieval, batch []*getCall, x pending) error {
 		}
 	}
 	c.nc.Close()
-	if x.reused && !isTimeout(err) {
+	if x.reused && !IsTimeout(err) {
 		p.dropIdle()
 		err = p.once(func(c *rawConn) error {
 			c.prepare(r, batch)
@@ -377,18 +368,18 @@ func (p *rawPool) finish(r retrieval, batch []*getCall, x pending) error {
 // written as the first reply is read (or by writeNow): consecutive gets go
 // out as retrieval commands over all their keys, always asking for CAS
 // values (gets, or gats); a command goes out as it is.
-func (c *rawConn) prepare(r retrieval, batch []*getCall) {
+func (c *rawConn) prepare(r Retrieval, batch []*Call) {
 	for _, call := range batch {
-		call.items = append(call.items[:0], make([]item, len(call.keys))...)
-		call.arena = call.arena[:0]
-		call.reply = call.reply[:0]
+		call.Items = append(call.Items[:0], make([]Item, len(call.Keys))...)
+		call.Arena = call.Arena[:0]
+		call.Reply = call.Reply[:0]
 	}
 	out, lines := c.out[:0], c.lines[:0]
 	for i := 0; i < len(batch); {
-		if batch[i].req != nil {
-			out = append(out, batch[i].req...)
-			if batch[i].data != nil {
-				out = append(out, batch[i].data...)
+		if batch[i].Req != nil {
+			out = append(out, batch[i].Req...)
+			if batch[i].Data != nil {
+				out = append(out, batch[i].Data...)
 				out = append(out, crlf...)
 			}
 			i++
@@ -415,16 +406,16 @@ func (c *rawConn) prepare(r retrieval, batch []*getCall) {
 // each reply is matched to its call without a map. A meta command's reply
 // may carry a data block (mg, ma with v): it is read into the call's
 // arena.
-func (c *rawConn) receive(r retrieval, batch []*getCall) error {
+func (c *rawConn) receive(r Retrieval, batch []*Call) error {
 	lines := c.lines
 	for i := 0; i < len(batch); {
-		if call := batch[i]; call.req != nil {
-			for range max(call.replies, 1) {
+		if call := batch[i]; call.Req != nil {
+			for range max(call.Replies, 1) {
 				line, err := c.rw.ReadSlice('\n')
 				if err != nil {
 					return err
 				}
-				call.reply = append(call.reply, line...)
+				call.Reply = append(call.Reply, line...)
 			}
 			// Only a meta command's reply starts "VA ": the
 			// classic path pays one comparison.
@@ -436,7 +427,7 @@ func (c *rawConn) receive(r retrieval, batch []*getCall) error {
 		}
 		j := gets(batch, i)
 		read := readRetrievals
-		if r.meta {
+		if r.Meta {
 			read = readMetaRetrievals
 		}
 		if err := read(c.rw.Reader, lines[0], batch[i:j]); err != nil {
@@ -449,8 +440,8 @@ func (c *rawConn) receive(r retrieval, batch []*getCall) error {
 }
 
 // gets returns the end of the run of gets in batch that starts at i.
-func gets(batch []*getCall, i int) int {
-	for i < len(batch) && batch[i].req == nil {
+func gets(batch []*Call, i int) int {
+	for i < len(batch) && batch[i].Req == nil {
 		i++
 	}
 	return i
@@ -458,7 +449,7 @@ func gets(batch []*getCall, i int) int {
 
 // readRetrievals reads the replies to the retrieval lines written for
 // calls (lines of them), up to their last END, into the calls' items.
-func readRetrievals(br *bufio.Reader, lines int, calls []*getCall) error {
+func readRetrievals(br *bufio.Reader, lines int, calls []*Call) error {
 	j, next := 0, 0 // the call, and its next key not yet answered
 	for ends := 0; ends < lines; {
 		line, err := br.ReadSlice('\n')
@@ -473,8 +464,8 @@ func readRetrievals(br *bufio.Reader, lines int, calls []*getCall) error {
 		if err != nil {
 			return err
 		}
-		for j < len(calls) && (next == len(calls[j].keys) || calls[j].keys[next] != string(key)) {
-			if next++; next >= len(calls[j].keys) {
+		for j < len(calls) && (next == len(calls[j].Keys) || calls[j].Keys[next] != string(key)) {
+			if next++; next >= len(calls[j].Keys) {
 				j, next = j+1, 0
 			}
 		}
@@ -482,13 +473,13 @@ func readRetrievals(br *bufio.Reader, lines int, calls []*getCall) error {
 			return fmt.Errorf("%w: %q answers no key asked for", errUnexpectedReply, line)
 		}
 		call := calls[j]
-		off := len(call.arena)
-		call.arena = slices.Grow(call.arena, size)[:off+size]
-		call.items[next] = item{hit: true, flags: flags, cas: cas, off: off, n: size}
-		if err := readValue(br, call.arena[off:]); err != nil {
+		off := len(call.Arena)
+		call.Arena = slices.Grow(call.Arena, size)[:off+size]
+		call.Items[next] = Item{Hit: true, Flags: flags, CAS: cas, Off: off, N: size}
+		if err := readValue(br, call.Arena[off:]); err != nil {
 			return err
 		}
-		if next++; next == len(call.keys) {
+		if next++; next == len(call.Keys) {
 			j, next = j+1, 0
 		}
 	}
@@ -497,9 +488,9 @@ func readRetrievals(br *bufio.Reader, lines int, calls []*getCall) error {
 
 // readMetaRetrievals reads the replies to one mg per key of calls (lines
 // of them): "VA <size> <flags>" and the value for a hit, EN for a miss.
-func readMetaRetrievals(br *bufio.Reader, lines int, calls []*getCall) error {
+func readMetaRetrievals(br *bufio.Reader, lines int, calls []*Call) error {
 	for _, call := range calls {
-		for i := range call.keys {
+		for i := range call.Keys {
 			line, err := br.ReadSlice('\n')
 			if err != nil {
 				return err
@@ -511,10 +502,10 @@ func readMetaRetrievals(br *bufio.Reader, lines int, calls []*getCall) error {
 			if err != nil {
 				return err
 			}
-			off := len(call.arena)
-			call.arena = slices.Grow(call.arena, size)[:off+size]
-			call.items[i] = item{hit: true, flags: it.flags, cas: it.cas, ttl: it.ttl, off: off, n: size}
-			if err := readValue(br, call.arena[off:]); err != nil {
+			off := len(call.Arena)
+			call.Arena = slices.Grow(call.Arena, size)[:off+size]
+			call.Items[i] = Item{Hit: true, Flags: it.Flags, CAS: it.CAS, TTL: it.TTL, Off: off, N: size}
+			if err := readValue(br, call.Arena[off:]); err != nil {
 				return err
 			}
 		}
@@ -525,21 +516,21 @@ func readMetaRetrievals(br *bufio.Reader, lines int, calls []*getCall) error {
 // appendRetrievals appends the request lines for the keys of calls and
 // says how many lines it wrote. A gets line may be as long as it needs;
 // gats lines are split at lineMax; meta retrievals are one mg per key.
-func appendRetrievals(dst []byte, r retrieval, calls []*getCall) ([]byte, int) {
-	if r.meta {
+func appendRetrievals(dst []byte, r Retrieval, calls []*Call) ([]byte, int) {
+	if r.Meta {
 		return appendMetaRetrievals(dst, r, calls)
 	}
 	lines, start := 0, 0 // start: where the current line begins in dst
 	for _, call := range calls {
-		for _, k := range call.keys {
-			if lines == 0 || r.touch && len(dst)-start+1+len(k)+2 > lineMax {
+		for _, k := range call.Keys {
+			if lines == 0 || r.Touch && len(dst)-start+1+len(k)+2 > lineMax {
 				if lines > 0 {
 					dst = append(dst, crlf...)
 				}
 				start = len(dst)
-				if r.touch {
+				if r.Touch {
 					dst = append(dst, "gats "...)
-					dst = strconv.AppendInt(dst, int64(r.exptime), 10)
+					dst = strconv.AppendInt(dst, int64(r.Exptime), 10)
 				} else {
 					dst = append(dst, "gets"...)
 				}
@@ -557,16 +548,16 @@ func appendRetrievals(dst []byte, r retrieval, calls []*getCall) ([]byte, int) {
 
 // appendMetaRetrievals appends "mg <key> v f t c" for every key of calls,
 // with the new time to live for a touch.
-func appendMetaRetrievals(dst []byte, r retrieval, calls []*getCall) ([]byte, int) {
+func appendMetaRetrievals(dst []byte, r Retrieval, calls []*Call) ([]byte, int) {
 	lines := 0
 	for _, call := range calls {
-		for _, k := range call.keys {
+		for _, k := range call.Keys {
 			dst = append(dst, "mg "...)
 			dst = append(dst, k...)
 			dst = append(dst, " v f t c"...)
-			if r.touch {
+			if r.Touch {
 				dst = append(dst, " T"...)
-				dst = strconv.AppendInt(dst, int64(r.exptime), 10)
+				dst = strconv.AppendInt(dst, int64(r.Exptime), 10)
 			}
 			dst = append(dst, crlf...)
 			lines++
@@ -577,19 +568,19 @@ func appendMetaRetrievals(dst []byte, r retrieval, calls []*getCall) ([]byte, in
 
 // readMetaBlock reads the data block of a meta command's reply into the
 // call's arena, when its line ("VA <size> <flags>*") says one follows.
-func readMetaBlock(br *bufio.Reader, call *getCall) error {
-	rest, ok := bytes.CutPrefix(call.reply, metaValue)
+func readMetaBlock(br *bufio.Reader, call *Call) error {
+	rest, ok := bytes.CutPrefix(call.Reply, metaValue)
 	if !ok {
 		return nil
 	}
 	word, _, _ := bytes.Cut(rest, []byte{' '})
 	word = bytes.TrimSuffix(word, crlf)
-	size, ok := parseDecimal(word, 1<<30)
+	size, ok := wire.ParseDecimal(word, 1<<30)
 	if !ok {
-		return fmt.Errorf("%w: %q", errUnexpectedReply, call.reply)
+		return fmt.Errorf("%w: %q", errUnexpectedReply, call.Reply)
 	}
-	call.arena = slices.Grow(call.arena[:0], int(size))[:size]
-	return readValue(br, call.arena)
+	call.Arena = slices.Grow(call.Arena[:0], int(size))[:size]
+	return readValue(br, call.Arena)
 }
 
 // readValue reads a data block into dst, then its "\r\n".
@@ -656,15 +647,15 @@ func parseValueLine(line []byte) (key []byte, flags uint32, size int, cas uint64
 		return nil, 0, 0, 0, fmt.Errorf("%w: %q", errUnexpectedReply, line)
 	}
 	var words [5][]byte
-	w, overflow := tokenize(words[:0], rest[:len(rest)-2], 4)
+	w, overflow := wire.Tokenize(words[:0], rest[:len(rest)-2], 4)
 	if overflow || len(w) < 3 {
 		return nil, 0, 0, 0, fmt.Errorf("%w: %q", errUnexpectedReply, line)
 	}
-	flags, ok1 := parseUint32(w[1])
-	n, ok2 := parseUint64(w[2])
+	flags, ok1 := wire.ParseUint32(w[1])
+	n, ok2 := wire.ParseUint64(w[2])
 	ok3 := true
 	if len(w) == 4 {
-		cas, ok3 = parseUint64(w[3])
+		cas, ok3 = wire.ParseUint64(w[3])
 	}
 	if !ok1 || !ok2 || !ok3 || n > 1<<30 {
 		return nil, 0, 0, 0, fmt.Errorf("%w: %q", errUnexpectedReply, line)

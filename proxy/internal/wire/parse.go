@@ -1,17 +1,18 @@
-package proxy
+// Package wire reads the words and numbers of memcached's text protocol
+// the way memcached itself reads them, for both sides of the proxy: the
+// requests of clients and the replies of servers.
+package wire
 
-import "bytes"
+import (
+	"bytes"
+	"time"
+)
 
-// maxTokens mirrors memcached's MAX_TOKENS: it tokenizes at most 23 words of
-// a command line plus a terminal token, and every non-retrieval command is
-// validated against that count.
-const maxTokens = 24
-
-// tokenize splits line on single spaces the way memcached's tokenize_command
+// Tokenize splits line on single spaces the way memcached's tokenize_command
 // does: runs of spaces separate words, other bytes (tabs included) belong to
 // words. Words are appended to dst as sub-slices of line, so nothing is
 // copied. At most limit words are taken; more reports true in overflow.
-func tokenize(dst [][]byte, line []byte, limit int) (words [][]byte, overflow bool) {
+func Tokenize(dst [][]byte, line []byte, limit int) (words [][]byte, overflow bool) {
 	words = dst[:0]
 	start := -1
 	for i, b := range line {
@@ -74,10 +75,10 @@ func parseCUnsigned(s []byte) (v uint64, negative, ok bool) {
 	return v, negative, true
 }
 
-// parseUint64 is memcached's safe_strtoull: a result that reads as a
+// ParseUint64 is memcached's safe_strtoull: a result that reads as a
 // negative signed number is refused when a '-' appears anywhere in the word
 // (memcached asks strchr, so a '-' after the digits and a tab counts too).
-func parseUint64(s []byte) (uint64, bool) {
+func ParseUint64(s []byte) (uint64, bool) {
 	v, _, ok := parseCUnsigned(s)
 	if !ok || int64(v) < 0 && bytes.IndexByte(s, '-') >= 0 {
 		return 0, false
@@ -85,16 +86,16 @@ func parseUint64(s []byte) (uint64, bool) {
 	return v, true
 }
 
-// parseUint32 is memcached's safe_strtoul on a 64-bit build: it parses 64
+// ParseUint32 is memcached's safe_strtoul on a 64-bit build: it parses 64
 // bits and keeps the low 32, as the C assignment does.
-func parseUint32(s []byte) (uint32, bool) {
-	v, ok := parseUint64(s)
+func ParseUint32(s []byte) (uint32, bool) {
+	v, ok := ParseUint64(s)
 	return uint32(v), ok
 }
 
-// parseInt32 is memcached's safe_strtol on a 64-bit build: strtol's range is
+// ParseInt32 is memcached's safe_strtol on a 64-bit build: strtol's range is
 // int64, and the result is truncated to 32 bits.
-func parseInt32(s []byte) (int32, bool) {
+func ParseInt32(s []byte) (int32, bool) {
 	v, neg, ok := parseCUnsigned(s)
 	if !ok {
 		return 0, false
@@ -105,4 +106,43 @@ func parseInt32(s []byte) (int32, bool) {
 		return 0, false
 	}
 	return int32(int64(v)), true
+}
+
+// MaxRelativeTTL is the longest exptime memcached reads as seconds from
+// now; a larger one is a Unix time.
+const MaxRelativeTTL = 60 * 60 * 24 * 30
+
+// ExptimeOf is the exptime that gives an item ttl seconds left to live
+// (-1: forever), as memcached reads exptimes: a relative one only up to 30
+// days, a Unix time beyond.
+func ExptimeOf(ttl int32) int64 {
+	t := int64(ttl)
+	switch {
+	case t < 0:
+		return 0 // never expires
+	case t == 0:
+		return 1
+	case t > MaxRelativeTTL:
+		return t + time.Now().Unix()
+	}
+	return t
+}
+
+// ParseDecimal parses a non-empty run of decimal digits no larger than max.
+func ParseDecimal(b []byte, max uint64) (uint64, bool) {
+	if len(b) == 0 {
+		return 0, false
+	}
+	var v uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		d := uint64(c - '0')
+		if v > (max-d)/10 {
+			return 0, false
+		}
+		v = v*10 + d
+	}
+	return v, true
 }

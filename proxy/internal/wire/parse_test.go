@@ -1,4 +1,4 @@
-package proxy
+package wire
 
 import (
 	"bytes"
@@ -8,6 +8,18 @@ import (
 	"strings"
 	"testing"
 )
+
+// maxTokens is memcached's MAX_TOKENS, as the proxy's command table uses it.
+const maxTokens = 24
+
+// manyKeys returns n keys separated by single spaces.
+func manyKeys(n int) string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = "k" + strconv.Itoa(i)
+	}
+	return strings.Join(keys, " ")
+}
 
 func TestTokenizeSplitsLikeMemcached(t *testing.T) {
 	cases := []struct {
@@ -35,7 +47,7 @@ func TestTokenizeSplitsLikeMemcached(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			words, overflow := tokenize(nil, []byte(tc.line), tc.limit)
+			words, overflow := Tokenize(nil, []byte(tc.line), tc.limit)
 			got := make([]string, len(words))
 			for i, w := range words {
 				got[i] = string(w)
@@ -53,7 +65,7 @@ func TestTokenizeSplitsLikeMemcached(t *testing.T) {
 func TestTokenizeSlicesTheLineWithoutCopying(t *testing.T) {
 	line := []byte(" get  key1 key2 ")
 	dst := make([][]byte, 0, maxTokens)
-	words, _ := tokenize(dst, line, maxTokens-1)
+	words, _ := Tokenize(dst, line, maxTokens-1)
 	for _, w := range words {
 		i := bytes.Index(line, w)
 		if &w[0] != &line[i] {
@@ -63,7 +75,7 @@ func TestTokenizeSlicesTheLineWithoutCopying(t *testing.T) {
 	if &words[:1][0] != &dst[:1][0] {
 		t.Error("words were not stored in dst")
 	}
-	allocs := testing.AllocsPerRun(100, func() { tokenize(dst, line, maxTokens-1) })
+	allocs := testing.AllocsPerRun(100, func() { Tokenize(dst, line, maxTokens-1) })
 	if allocs != 0 {
 		t.Errorf("tokenize allocated %v times with room in dst", allocs)
 	}
@@ -185,9 +197,9 @@ type parseResult struct{ parser, got, memcached string }
 func parseResults(in []byte) []parseResult {
 	s := string(in)
 	return []parseResult{
-		{"parseUint64", outcome64(parseUint64(in)), outcome64(cStrtoull(s))},
-		{"parseUint32", outcome32(parseUint32(in)), outcome32(cStrtoul(s))},
-		{"parseInt32", outcomeInt32(parseInt32(in)), outcomeInt32(cStrtol(s))},
+		{"parseUint64", outcome64(ParseUint64(in)), outcome64(cStrtoull(s))},
+		{"parseUint32", outcome32(ParseUint32(in)), outcome32(cStrtoul(s))},
+		{"parseInt32", outcomeInt32(ParseInt32(in)), outcomeInt32(cStrtol(s))},
 	}
 }
 

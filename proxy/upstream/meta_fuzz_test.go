@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"errors"
@@ -13,41 +13,41 @@ var metaLine = regexp.MustCompile(`^VA ([0-9]+)((?: [\x21-\x7e]+)*)\r\n$`)
 
 // metaOracle parses a meta get header with the standard library, the slow
 // and obvious way, as the reference parseMetaValue must agree with.
-func metaOracle(line []byte) (size int, it metaItem, ok bool) {
+func metaOracle(line []byte) (size int, it MetaItem, ok bool) {
 	m := metaLine.FindSubmatch(line)
 	if m == nil {
-		return 0, metaItem{}, false
+		return 0, MetaItem{}, false
 	}
 	n, err := strconv.ParseUint(string(m[1]), 10, 64)
 	if err != nil || n > 1<<30 {
-		return 0, metaItem{}, false
+		return 0, MetaItem{}, false
 	}
-	it = metaItem{ttl: -1}
+	it = MetaItem{TTL: -1}
 	for _, w := range regexp.MustCompile(`[^ ]+`).FindAll(m[2], -1) {
 		arg := string(w[1:])
 		switch w[0] {
 		case 'f':
 			v, err := strconv.ParseUint(arg, 10, 32)
 			if err != nil {
-				return 0, metaItem{}, false
+				return 0, MetaItem{}, false
 			}
-			it.flags = uint32(v)
+			it.Flags = uint32(v)
 		case 'c':
 			v, err := strconv.ParseUint(arg, 10, 64)
 			if err != nil {
-				return 0, metaItem{}, false
+				return 0, MetaItem{}, false
 			}
-			it.cas = v
+			it.CAS = v
 		case 't':
 			if arg == "-1" {
-				it.ttl = -1
+				it.TTL = -1
 				continue
 			}
 			v, err := strconv.ParseUint(arg, 10, 31)
 			if err != nil {
-				return 0, metaItem{}, false
+				return 0, MetaItem{}, false
 			}
-			it.ttl = int32(v)
+			it.TTL = int32(v)
 		}
 	}
 	return int(n), it, true

@@ -1,0 +1,157 @@
+package upstream
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+
+	"mcsidecar/proxy/internal/wire"
+)
+
+// MetaItem is what a read-modify-write needs of an item besides its value.
+type MetaItem struct {
+	Flags uint32
+	CAS   uint64
+	TTL   int32 // seconds left to live; -1: never expires
+}
+
+// getForUpdate reads key's item with memcached's meta get, which, unlike
+// gets, also tells how long the item has left to live, so that writing it
+// back keeps its expiry as memcached's own append and incr do. The value is
+// read into dst, grown once to its size. found is false on a miss.
+func (p *rawPool) getForUpdate(key string, dst []byte) (value []byte, it MetaItem, found bool, err error) {
+	err = p.do(func(c *rawConn) error {
+		found = false
+		c.rw.WriteString("mg ")
+		c.rw.WriteString(key)
+		c.rw.WriteString(" v f c t\r\n")
+		if err := c.rw.Flush(); err != nil {
+			return err
+		}
+		line, err := c.rw.ReadSlice('\n')
+		if err != nil {
+			return err
+		}
+		if bytes.Equal(line, metaMiss) {
+			return nil
+		}
+		var size int
+		if size, it, err = parseMetaValue(line); err != nil {
+			return err
+		}
+		value = slices.Grow(dst[:0], size)[:size]
+		if err := readValue(c.rw.Reader, value); err != nil {
+			return err
+		}
+		found = true
+		return nil
+	})
+	return value, it, found, err
+}
+
+// parseMetaValue reads the header line of a meta get hit, "VA <size>
+// <flags>*\r\n", as "mg <key> v f c t" is answered: the value's size and
+// the item's flags, CAS value and time to live. It is strict where the
+// request parser is lenient: memcached writes this line one way (single
+// spaces, plain decimals), and anything else means the connection is not
+// talking to a memcached any more. Flags the proxy did not ask for are
+// skipped; a size over 1 GiB is refused, so a broken server cannot make
+// the proxy reserve more.
+func parseMetaValue(line []byte) (size int, it MetaItem, err error) {
+	bad := func() (int, MetaItem, error) {
+		return 0, MetaItem{}, fmt.Errorf("%w: %q", errUnexpectedReply, line)
+	}
+	rest, ok := bytes.CutPrefix(line, metaValue)
+	if !ok || !bytes.HasSuffix(rest, crlf) {
+		return bad()
+	}
+	rest = rest[:len(rest)-2]
+	word, rest, more := bytes.Cut(rest, []byte{' '})
+	n, ok := wire.ParseDecimal(word, 1<<30)
+	if !ok {
+		return bad()
+	}
+	it = MetaItem{TTL: -1}
+	for more {
+		word, rest, more = bytes.Cut(rest, []byte{' '})
+		if len(word) == 0 || bytes.ContainsFunc(word, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
+			return bad()
+		}
+		var v uint64
+		switch word[0] {
+		case 'f':
+			v, ok = wire.ParseDecimal(word[1:], math.MaxUint32)
+			it.Flags = uint32(v)
+		case 'c':
+			v, ok = wire.ParseDecimal(word[1:], math.MaxUint64)
+			it.CAS = v
+		case 't':
+			// -1 is "never expires"; memcached writes no other negative.
+			if string(word[1:]) == "-1" {
+				it.TTL = -1
+				continue
+			}
+			v, ok = wire.ParseDecimal(word[1:], math.MaxInt32)
+			it.TTL = int32(v)
+		}
+		if !ok {
+			return bad()
+		}
+	}
+	return int(n), it, nil
+}
+
+// storeIfUnchanged writes value under key with memcached's meta set, only
+// if the item still has it.CAS, with the item's flags and remaining time to
+// live. conflict reports that the item changed or went away since it was
+// read; notStored that memcached refused the value (too large); cas is the
+// CAS value of the item stored. Unlike
+// other requests on this pool it is never sent twice: when a reply is lost
+// the write may have happened, and joining twice would corrupt the value.
+func (p *rawPool) storeIfUnchanged(key string, it MetaItem, value []byte) (conflict, notStored bool, cas uint64, err error) {
+	ttl := wire.ExptimeOf(it.TTL)
+	// Not through do, which may send twice: once, under the server's
+	// health all the same.
+	err = p.guard(func() error {
+		return p.once(func(c *rawConn) error {
+			b := append(c.rw.AvailableBuffer(), "ms "...)
+			b = append(b, key...)
+			b = append(b, ' ')
+			b = strconv.AppendInt(b, int64(len(value)), 10)
+			b = append(b, " C"...)
+			b = strconv.AppendUint(b, it.CAS, 10)
+			b = append(b, " F"...)
+			b = strconv.AppendUint(b, uint64(it.Flags), 10)
+			b = append(b, " T"...)
+			b = strconv.AppendInt(b, ttl, 10)
+			b = append(b, " c\r\n"...)
+			c.rw.Write(b)
+			c.rw.Write(value)
+			c.rw.Write(crlf)
+			if err := c.rw.Flush(); err != nil {
+				return err
+			}
+			line, err := c.rw.ReadSlice('\n')
+			if err != nil {
+				return err
+			}
+			switch {
+			case bytes.HasPrefix(line, storedWithCAS) && bytes.HasSuffix(line, crlf):
+				var ok bool
+				if cas, ok = wire.ParseDecimal(line[len(storedWithCAS):len(line)-2], math.MaxUint64); !ok {
+					return fmt.Errorf("%w: %q", errUnexpectedReply, line)
+				}
+			case bytes.HasPrefix(line, metaExists[:2]), bytes.HasPrefix(line, metaNotFound[:2]):
+				conflict = true
+			case bytes.HasPrefix(line, metaNotStore[:2]), bytes.Equal(line, replyTooLarge):
+				notStored = true
+			default:
+				return fmt.Errorf("%w: %q", errUnexpectedReply, line)
+			}
+			return nil
+		})
+	})
+	return conflict, notStored, cas, err
+}
