@@ -74,12 +74,13 @@ func (c *conn) useTier(mode uint8) {
 }
 
 // fromTier returns the tier's entry for key, sent upstream as k, when the
-// retrieval reads the tier and the key's value never changes. Otherwise
-// it returns the count of k's write stripe, for keep.
-func (c *conn) fromTier(key []byte, k string) (*tier.Entry, uint32) {
+// retrieval reads the tier and the key's value never changes (immutable,
+// as resolve found). Otherwise it returns the count of k's write stripe,
+// for keep.
+func (c *conn) fromTier(key []byte, k string, immutable bool) (*tier.Entry, uint32) {
 	switch c.tierMode {
 	case tierRead, tierFill:
-		if !c.p.keys.Immutable(key) {
+		if !immutable {
 			return nil, 0 // never kept
 		}
 		gen := c.p.tierGuard.stripe(k).Load()

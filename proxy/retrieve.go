@@ -192,20 +192,24 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 	if len(keys) > 1 {
 		clear(c.seen)
 	}
+	need := needTenant
+	if c.tierMode == tierRead || c.tierMode == tierFill {
+		need |= needImmutable
+	}
 	for _, k := range keys {
 		key := string(k)
 		c.keys = append(c.keys, key)
-		tenant := c.tenantOf(k)
-		up, bound, ok := c.upstreamKey(k)
-		if !ok {
+		rk := c.resolve(k, need)
+		tenant, bound := c.p.tenants.counters(rk.tenant), rk.bound
+		if !rk.ok {
 			// No server can hold such a key: it is always a miss.
 			c.owners = append(c.owners, keyOwner{srv: -1, tenant: tenant})
 			continue
 		}
 		if bound {
-			key = string(up)
+			key = string(rk.up)
 		}
-		e, gen := c.fromTier(k, key)
+		e, gen := c.fromTier(k, key, rk.immutable)
 		if e != nil {
 			c.owners = append(c.owners, keyOwner{srv: -1, entry: e, tenant: tenant})
 			continue
