@@ -100,11 +100,13 @@ func (c *conn) fromTier(key []byte, k string, immutable bool) (*tier.Entry, uint
 // key, value and flags, and the item's time to live. gen is the count of
 // k's write stripe before the value was fetched: if a write ran since, the
 // value may be the one it replaced, and is not kept.
-func (c *conn) keep(key []byte, k string, gen uint32, value []byte, flags uint32, ttl int32) {
+// immutable says the client key's scheme promises that its value never
+// changes; without that promise nothing is kept.
+func (c *conn) keep(key []byte, k string, gen uint32, immutable bool, value []byte, flags uint32, ttl int32) {
 	if c.tierMode != tierRead && c.tierMode != tierFill {
 		return
 	}
-	if !c.p.keys.Immutable(key) {
+	if !immutable {
 		c.p.stats.tierMutable.Add(1)
 		return
 	}

@@ -189,7 +189,7 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 	for _, call := range c.calls {
 		call.reset()
 	}
-	if len(keys) > 1 {
+	if len(keys) > seenScanMax {
 		clear(c.seen)
 	}
 	need := needTenant
@@ -220,19 +220,19 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 		// key (a rewrite equal to another client's key): each owner
 		// checks the item against its own key.
 		if len(keys) > 1 {
-			if o, ok := c.seen[key]; ok {
-				o.bound, o.tenant = bound, tenant
+			if o, ok := c.named(key, len(keys)); ok {
+				o.bound, o.tenant, o.immutable = bound, tenant, rk.immutable
 				c.owners = append(c.owners, o)
 				continue
 			}
 		}
 		s := c.serverFor(key)
 		call := c.calls[s]
-		o := keyOwner{srv: int32(s), pos: int32(len(call.keys)), bound: bound, tenant: tenant, tierGen: gen}
+		o := keyOwner{srv: int32(s), pos: int32(len(call.keys)), bound: bound, immutable: rk.immutable, tenant: tenant, tierGen: gen}
 		c.owners = append(c.owners, o)
 		call.keys = append(call.keys, key)
 		used[s] = true
-		if len(keys) > 1 {
+		if len(keys) > seenScanMax {
 			if c.seen == nil {
 				c.seen = make(map[string]keyOwner)
 			}
@@ -240,6 +240,26 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 		}
 	}
 	return used
+}
+
+// seenScanMax is the most keys a retrieval looks for repeats of by
+// scanning the keys grouped so far; a longer one keeps a map, which costs
+// a hash and an insertion per key but does not grow with the keys.
+const seenScanMax = 16
+
+// named returns the owner of upstream key k if the retrieval being
+// grouped, of n keys, already asks a server for it.
+func (c *conn) named(k string, n int) (keyOwner, bool) {
+	if n > seenScanMax {
+		o, ok := c.seen[k]
+		return o, ok
+	}
+	for _, o := range c.owners {
+		if o.srv >= 0 && c.calls[o.srv].keys[o.pos] == k {
+			return o, true
+		}
+	}
+	return keyOwner{}, false
 }
 
 // usedServers returns a cleared per-server flag slice, reused across calls.
@@ -301,7 +321,7 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 					hit = true
 					if c.tierMode != tierOff {
 						c.keyBuf = append(c.keyBuf[:0], c.keys[i]...)
-						c.keep(c.keyBuf, call.keys[o.pos], o.tierGen, value, flags, it.ttl)
+						c.keep(c.keyBuf, call.keys[o.pos], o.tierGen, o.immutable, value, flags, it.ttl)
 					}
 				}
 			}
