@@ -87,6 +87,13 @@ func TestValidationAndRewriteDoNotAllocate(t *testing.T) {
 		"scheme lookup":           func() { k.SchemeOf(long) },
 		"rewrite LV2 into room":   func() { dst, _, _ = k.AppendRewrite(dst[:0], long) },
 		"rewrite 4 KiB into room": func() { dst, _, _ = k.AppendRewrite(dst[:0], cross) },
+		"one match, every answer": func() {
+			m := k.Match(long)
+			m.Tenant()
+			m.Scheme()
+			m.Immutable()
+			dst, _, _ = m.AppendRewrite(dst[:0])
+		},
 	}
 	for name, fn := range cases {
 		if n := testing.AllocsPerRun(100, fn); n != 0 {

@@ -7,7 +7,8 @@ import (
 
 // FuzzRewrite checks the rewrite's promises on arbitrary keys: the upstream
 // key is the client key when that can pass, and otherwise at most the limit,
-// legal bytes only, starting with '~', the same on every call.
+// legal bytes only, starting with '~', the same on every call; and one
+// Match of the key answers as the separate calls do.
 func FuzzRewrite(f *testing.F) {
 	for _, in := range goldenInputs() {
 		f.Add([]byte(in.key))
@@ -35,6 +36,7 @@ func FuzzRewrite(f *testing.F) {
 				t.Fatalf("%q: %q then %q", key, out, again)
 			}
 			checkTenant(t, k, key)
+			checkMatch(t, k, key)
 		}
 	})
 }
@@ -63,6 +65,7 @@ func FuzzUserScheme(f *testing.F) {
 		out, step, _ := k.AppendRewrite(nil, key)
 		checkUpstreamKey(t, k, key, out, step)
 		checkTenant(t, k, key)
+		checkMatch(t, k, key)
 		ok, _ := k.Check(key)
 		ok2, _ := k.Check(key2)
 		if !ok || !ok2 || bytes.Equal(key, key2) || step == StepNone {

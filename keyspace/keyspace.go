@@ -105,7 +105,12 @@ func (k *Keyspace) find(key []byte, m *match) *pattern {
 // allocates nothing.
 func (k *Keyspace) Tenant(key []byte) []byte {
 	var m match
-	p := k.find(key, &m)
+	return k.find(key, &m).tenant(key, &m)
+}
+
+// tenant returns the first tenant segment of key, which p matched with its
+// segments in m, or nil when p is nil or names no tenant.
+func (p *pattern) tenant(key []byte, m *match) []byte {
 	if p == nil || p.tenantMask == 0 {
 		return nil
 	}

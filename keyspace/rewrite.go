@@ -45,20 +45,25 @@ func (k *Keyspace) AppendRewrite(dst, key []byte) (out []byte, step Step, scheme
 		return append(dst, key...), StepNone, ""
 	}
 	var m match
-	p := k.find(key, &m)
+	return k.rewrite(dst, key, k.find(key, &m), &m)
+}
+
+// rewrite appends the upstream key for key, which needs a rewrite and
+// whose first matching pattern is p (nil: none), with its segments in m.
+func (k *Keyspace) rewrite(dst, key []byte, p *pattern, m *match) ([]byte, Step, string) {
 	if p == nil {
 		return k.appendWhole(dst, key), StepWhole, NoScheme
 	}
 	mask := p.tenantMask
 	if mask != 0 {
-		if n, ok := k.fits(p, key, &m, mask); ok {
-			return k.render(dst, key, p, &m, mask, n), StepTenant, p.scheme.Name
+		if n, ok := k.fits(p, key, m, mask); ok {
+			return k.render(dst, key, p, m, mask, n), StepTenant, p.scheme.Name
 		}
 	}
 	for _, h := range p.hashOrder {
 		mask |= 1 << h
-		if n, ok := k.fits(p, key, &m, mask); ok {
-			return k.render(dst, key, p, &m, mask, n), StepSegments, p.scheme.Name
+		if n, ok := k.fits(p, key, m, mask); ok {
+			return k.render(dst, key, p, m, mask, n), StepSegments, p.scheme.Name
 		}
 	}
 	return k.appendWhole(dst, key), StepWhole, p.scheme.Name

@@ -26,16 +26,17 @@ func (c *conn) arithmetic(w [][]byte, incr bool) error {
 	if !ok {
 		return c.clientError(id, replyBadDelta)
 	}
-	up, bound, ok := c.upstreamKey(key)
-	if !ok {
+	enveloped := c.envelopes(key, 0)
+	rk := c.resolve(key, postingsIf(enveloped))
+	if !rk.ok {
 		c.p.stats.record(id, outcomeNotFound)
 		c.reply(replyNotFound)
 		return nil
 	}
-	k := string(up)
-	if bound || c.envelopes(key, 0) {
+	k := string(rk.up)
+	if bound, postings := rk.bound, rk.postings; bound || enveloped {
 		return c.modifyInZones(k, func(srv *upstream.Server) error {
-			return c.arithmeticEnveloped(id, srv, k, key, bound, incr, delta)
+			return c.arithmeticEnveloped(id, srv, k, key, bound, postings, incr, delta)
 		})
 	}
 	verb := "decr "
@@ -76,13 +77,13 @@ func (c *conn) touch(w [][]byte) error {
 	if !ok {
 		return c.clientError(cmdTouch, replyBadExptime)
 	}
-	up, _, ok := c.upstreamKey(key)
-	if !ok {
+	rk := c.resolve(key, 0)
+	if !rk.ok {
 		c.p.stats.record(cmdTouch, outcomeNotFound)
 		c.reply(replyNotFound)
 		return nil
 	}
-	k := string(up)
+	k := string(rk.up)
 	c.req = appendKeyCommand(c.req[:0], "touch ", k, strconv.AppendInt(c.scratch[:0], int64(exptime), 10))
 	line, srv, err := c.sendEvery(k, c.req, nil)
 	if err != nil {
@@ -107,13 +108,13 @@ func (c *conn) delete(w [][]byte) error {
 	if !c.validKey(key) {
 		return c.clientError(cmdDelete, replyBadFormat)
 	}
-	up, _, ok := c.upstreamKey(key)
-	if !ok {
+	rk := c.resolve(key, 0)
+	if !rk.ok {
 		c.p.stats.record(cmdDelete, outcomeNotFound)
 		c.reply(replyNotFound)
 		return nil
 	}
-	k := string(up)
+	k := string(rk.up)
 	c.req = appendKeyCommand(c.req[:0], "delete ", k, nil)
 	line, srv, err := c.sendEvery(k, c.req, nil)
 	if err != nil {

@@ -105,9 +105,12 @@ type keyOwner struct {
 	srv, pos int32
 	zone     int32 // the zone of srv: 0, the local one, unless zones answered
 	bound    bool
-	tenant   *tenantCounters // nil: not counted per tenant
-	entry    *tier.Entry     // the local tier's answer; srv is then -1
-	tierGen  uint32          // see keep
+	// immutable: the client key's value never changes, so the local
+	// tier may keep it.
+	immutable bool
+	tenant    *tenantCounters // nil: not counted per tenant
+	entry     *tier.Entry     // the local tier's answer; srv is then -1
+	tierGen   uint32          // see keep
 }
 
 func newConn(p *Proxy, nc net.Conn) *conn {

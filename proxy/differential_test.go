@@ -53,6 +53,8 @@ var diffCases = []diffCase{
 		proxyWant: "CLIENT_ERROR bad command line format\r\nEND\r\n"},
 	{name: "cas with too few words", chunks: req("cas a 0 0 1\r\n")},
 	{name: "multi-get with misses and duplicates", chunks: req("set a 1 0 1\r\nA\r\nset c 3 0 1\r\nC\r\nget a b c a b a\r\n")},
+	// Past the keys a retrieval scans for repeats, it keeps a map.
+	{name: "long multi-get with duplicates", chunks: req("set a 1 0 1\r\nA\r\nset c 3 0 1\r\nC\r\nget k1 a k2 k3 c k4 k5 k6 k7 k8 k9 k10 k11 k12 k13 k14 a k15 c a k16 c\r\n")},
 	{name: "gets with many keys", chunks: req("set a 1 0 1\r\nA\r\nset b 2 0 2\r\nBB\r\ngets b a z b\r\n"), exactCAS: true},
 	{name: "get without key", chunks: req("get\r\n")},
 	{name: "gets without key", chunks: req("gets\r\n")},

@@ -35,10 +35,17 @@ func (c *conn) envelopes(key []byte, flags uint32) bool {
 // encode wraps value in an envelope in the connection's buffer, and
 // returns it with the flags to store upstream. bind stores the client key's
 // binding, for a key stored under a rewritten upstream key. The result is
-// valid until the next encode.
+// valid until the next encode. It asks postingsKey about the key; a
+// request that resolved its key calls encodeFor with the answer instead.
 func (c *conn) encode(key []byte, bind bool, flags uint32, value []byte) ([]byte, uint32) {
+	return c.encodeFor(key, bind, c.postingsKey(key), flags, value)
+}
+
+// encodeFor is encode for a key whose values may be raw postings lists,
+// or not, as postingsKey would say.
+func (c *conn) encodeFor(key []byte, bind, postings bool, flags uint32, value []byte) ([]byte, uint32) {
 	var storedFlags uint32
-	if c.postingsKey(key) {
+	if postings {
 		c.enc, storedFlags = c.p.codec.AppendEncodePostings(c.enc[:0], key, bind, flags, value)
 	} else {
 		c.enc, storedFlags = c.p.codec.AppendEncode(c.enc[:0], key, bind, flags, value)
@@ -120,16 +127,17 @@ func (c *conn) readForUpdate(srv *upstream.Server, k string, key []byte, bind bo
 }
 
 // writeBack stores value, enveloped, under key if the item is still as it
-// was read. conflict reports that another write came first.
-func (c *conn) writeBack(srv *upstream.Server, k string, key []byte, bind bool, it upstream.MetaItem, value []byte) (conflict, notStored bool, err error) {
-	conflict, notStored, _, err = c.writeBackCAS(srv, k, key, bind, it, value)
+// was read. conflict reports that another write came first. postings is
+// the key's resolvedKey.postings.
+func (c *conn) writeBack(srv *upstream.Server, k string, key []byte, bind, postings bool, it upstream.MetaItem, value []byte) (conflict, notStored bool, err error) {
+	conflict, notStored, _, err = c.writeBackCAS(srv, k, key, bind, postings, it, value)
 	return conflict, notStored, err
 }
 
 // writeBackCAS is writeBack that also returns the CAS value of the item
 // stored, for the meta commands that answer it.
-func (c *conn) writeBackCAS(srv *upstream.Server, k string, key []byte, bind bool, it upstream.MetaItem, value []byte) (conflict, notStored bool, cas uint64, err error) {
-	stored, storedFlags := c.encode(key, bind, it.Flags, value)
+func (c *conn) writeBackCAS(srv *upstream.Server, k string, key []byte, bind, postings bool, it upstream.MetaItem, value []byte) (conflict, notStored bool, cas uint64, err error) {
+	stored, storedFlags := c.encodeFor(key, bind, postings, it.Flags, value)
 	if len(stored) > int(c.p.cfg.MaxItemSize) {
 		return false, true, 0, nil
 	}
@@ -148,8 +156,8 @@ func (c *conn) writeBackCAS(srv *upstream.Server, k string, key []byte, bind boo
 // data is joined to the decoded value. As in memcached, the item keeps its
 // flags, a missing item is NOT_STORED, and so is a joined value over the
 // item-size limit (memcached cannot allocate it).
-func (c *conn) joinEnveloped(id int, srv *upstream.Server, k string, key []byte, bind bool, data []byte) error {
-	return c.readModifyWrite(id, srv, k, key, bind, replyNotStored, outcomeNotStored, func(old []byte) (bool, error) {
+func (c *conn) joinEnveloped(id int, srv *upstream.Server, k string, key []byte, bind, postings bool, data []byte) error {
+	return c.readModifyWrite(id, srv, k, key, bind, postings, replyNotStored, outcomeNotStored, func(old []byte) (bool, error) {
 		if id == cmdAppend {
 			c.tmp = append(append(c.tmp[:0], old...), data...)
 		} else {
@@ -172,9 +180,9 @@ func (c *conn) joinEnveloped(id int, srv *upstream.Server, k string, key []byte,
 // enveloped, with memcached's arithmetic: incr wraps at 2^64, decr stops at
 // 0, and a shorter result is padded with spaces to the old length, as
 // memcached rewrites the number in place.
-func (c *conn) arithmeticEnveloped(id int, srv *upstream.Server, k string, key []byte, bind, incr bool, delta uint64) error {
+func (c *conn) arithmeticEnveloped(id int, srv *upstream.Server, k string, key []byte, bind, postings, incr bool, delta uint64) error {
 	var n uint64
-	return c.readModifyWrite(id, srv, k, key, bind, replyNotFound, outcomeNotFound, func(old []byte) (bool, error) {
+	return c.readModifyWrite(id, srv, k, key, bind, postings, replyNotFound, outcomeNotFound, func(old []byte) (bool, error) {
 		var ok bool
 		if n, ok = parseCounter(old); !ok {
 			return false, c.clientError(id, replyNonNumeric)
@@ -209,7 +217,7 @@ func (c *conn) arithmeticEnveloped(id int, srv *upstream.Server, k string, key [
 // with its outcome. change returns false when it has answered itself;
 // stored answers a write back (notStored: memcached refused it) and
 // returns false to try again.
-func (c *conn) readModifyWrite(id int, srv *upstream.Server, k string, key []byte, bind bool, missing []byte, missingOutcome outcome,
+func (c *conn) readModifyWrite(id int, srv *upstream.Server, k string, key []byte, bind, postings bool, missing []byte, missingOutcome outcome,
 	change func(old []byte) (bool, error), stored func(notStored bool) bool) error {
 	c.changed = false
 	for attempt := range rmwAttempts {
@@ -230,7 +238,7 @@ func (c *conn) readModifyWrite(id int, srv *upstream.Server, k string, key []byt
 		if goOn, err := change(old); !goOn {
 			return err
 		}
-		conflict, notStored, err := c.writeBack(srv, k, key, bind, it, c.tmp)
+		conflict, notStored, err := c.writeBack(srv, k, key, bind, postings, it, c.tmp)
 		if err != nil {
 			return c.upstreamError(id, srv, err)
 		}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -73,7 +75,7 @@ func runMemcached(tb testing.TB, addr string, extra ...string) (kill func(), ok 
 			<-exited
 		})
 	}
-	if !waitListening(addr, exited) {
+	if !waitListening(addr, exited) || !listenerIs(addr, cmd.Process.Pid, exited) {
 		kill()
 		tb.Logf("memcached on %s did not start (%s)", addr, stderr.String())
 		return nil, false
@@ -145,6 +147,37 @@ func waitListening(addr string, exited <-chan struct{}) bool {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return false
+}
+
+// listenerIs reports whether the server listening on addr is memcached
+// process pid. Tests of other packages start memcached on free ports at
+// the same time: one that lost the race for a port exits, but another's
+// server may answer on it first, and die with that test. memcached's own
+// stats name its pid; a server that answers no plain stats (TLS) counts
+// as pid if pid is still running a moment later.
+func listenerIs(addr string, pid int, exited <-chan struct{}) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err == nil {
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(time.Second))
+		if _, err = c.Write([]byte("stats\r\n")); err == nil {
+			sc := bufio.NewScanner(c)
+			for sc.Scan() {
+				if v, ok := strings.CutPrefix(sc.Text(), "STAT pid "); ok {
+					return v == strconv.Itoa(pid)
+				}
+				if sc.Text() == "END" {
+					break
+				}
+			}
+		}
+	}
+	select {
+	case <-exited:
+		return false
+	case <-time.After(50 * time.Millisecond):
+		return true
+	}
 }
 
 func freePort(tb testing.TB) int {

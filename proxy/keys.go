@@ -22,7 +22,9 @@ func (c *conn) validKey(key []byte) bool {
 }
 
 // tenantOf returns the per-tenant counters of a client key's tenant, or
-// nil when the per-tenant view is off or the key names no tenant.
+// nil when the per-tenant view is off or the key names no tenant. It
+// matches the key for that alone; a request learns its key's tenant from
+// resolve, with everything else it needs.
 func (c *conn) tenantOf(key []byte) *tenantCounters {
 	if c.p.tenants == nil {
 		return nil
@@ -30,22 +32,83 @@ func (c *conn) tenantOf(key []byte) *tenantCounters {
 	return c.p.tenants.counters(c.p.keys.Tenant(key))
 }
 
-// upstreamKey returns the key to send upstream for a client key validKey
-// accepted: the key itself, or its rewrite in the connection's buffer
-// (valid until the next call), and bound when it was rewritten, so that its
-// values must be enveloped with the client key bound into them. ok is false
-// for a key no server can hold, which happens only without key settings
-// (gomemcache refuses control bytes and DEL).
-func (c *conn) upstreamKey(key []byte) (up []byte, bound, ok bool) {
+// What a command asks resolve about a key besides its upstream key. A key
+// is matched against the key schemes at most once, and only when the
+// match is read: the key is rewritten, or the command asks for something
+// that a feature that is on needs (per-tenant counters, the codec, the
+// local tier).
+const (
+	needTenant    uint8 = 1 << iota // the key is counted per tenant
+	needPostings                    // its value is enveloped (see postingsKey)
+	needImmutable                   // the local tier may keep its value
+)
+
+// postingsIf returns needPostings for a value that is enveloped, whose
+// envelope depends on whether it may be a postings list.
+func postingsIf(enveloped bool) uint8 {
+	if enveloped {
+		return needPostings
+	}
+	return 0
+}
+
+// resolvedKey is what the proxy knows of a client key validKey accepted.
+// A field that was not asked for (or whose feature is off) is zero.
+type resolvedKey struct {
+	// up is the key to send upstream: the client key, or its rewrite in
+	// the connection's buffer (valid until the next resolve).
+	up []byte
+	// bound is true when up is a rewrite, so that its values must be
+	// enveloped with the client key bound into them.
+	bound bool
+	// ok is false for a key no server can hold, which happens only
+	// without key settings (gomemcache refuses control bytes and DEL).
+	ok bool
+	// tenant is the key's tenant segment, a sub-slice of it; nil: none.
+	tenant []byte
+	// postings says the key's enveloped values may be raw postings lists,
+	// as postingsKey decides. It is decided when asked for, and for every
+	// rewritten key, whose values are always enveloped.
+	postings bool
+	// immutable says the key's value never changes.
+	immutable bool
+}
+
+// resolve finds what need asks of key, and its upstream key, from one
+// match against the key schemes at most. A rewrite is counted.
+func (c *conn) resolve(key []byte, need uint8) resolvedKey {
+	r := resolvedKey{up: key, ok: true}
 	ks := c.p.keys
+	rewrite := ks != nil && ks.NeedsRewrite(key)
+	postings := need&needPostings != 0 || rewrite
+	if postings && c.p.codec != nil && c.p.codec.PostingsKey(key) {
+		// A --codec-prefixes key is postings-bearing whatever its scheme.
+		r.postings, postings = true, false
+	}
 	if ks == nil {
-		return key, false, forwardable(key)
+		r.ok = forwardable(key)
+		return r
 	}
-	if !ks.NeedsRewrite(key) {
-		return key, false, true
+	tenant := need&needTenant != 0 && c.p.tenants != nil
+	if !rewrite && !postings && !tenant && need&needImmutable == 0 {
+		return r
 	}
-	out, step, scheme := ks.AppendRewrite(c.upBuf[:0], key)
-	c.upBuf = out
-	c.p.stats.keyRewrites[c.p.schemeIndex[scheme]*numSteps+int(step)].Add(1)
-	return out, true, true
+	m := ks.Match(key)
+	if tenant {
+		r.tenant = m.Tenant()
+	}
+	if need&needImmutable != 0 {
+		r.immutable = m.Immutable()
+	}
+	if postings {
+		s, _ := m.Scheme()
+		r.postings = s.Postings
+	}
+	if rewrite {
+		out, step, scheme := m.AppendRewrite(c.upBuf[:0])
+		c.upBuf = out
+		c.p.stats.keyRewrites[c.p.schemeIndex[scheme]*numSteps+int(step)].Add(1)
+		r.up, r.bound = out, true
+	}
+	return r
 }

@@ -75,12 +75,13 @@ func (c *conn) useTier(mode uint8) {
 }
 
 // fromTier returns the tier's entry for key, sent upstream as k, when the
-// retrieval reads the tier and the key's value never changes. Otherwise
-// it returns the count of k's write stripe, for keep.
-func (c *conn) fromTier(key []byte, k string) (*tier.Entry, uint32) {
+// retrieval reads the tier and the key's value never changes (immutable,
+// as resolve found). Otherwise it returns the count of k's write stripe,
+// for keep.
+func (c *conn) fromTier(key []byte, k string, immutable bool) (*tier.Entry, uint32) {
 	switch c.tierMode {
 	case tierRead, tierFill:
-		if !c.p.keys.Immutable(key) {
+		if !immutable {
 			return nil, 0 // never kept
 		}
 		gen := c.p.tierGuard.stripe(k).Load()
@@ -100,11 +101,13 @@ func (c *conn) fromTier(key []byte, k string) (*tier.Entry, uint32) {
 // key, value and flags, and the item's time to live. gen is the count of
 // k's write stripe before the value was fetched: if a write ran since, the
 // value may be the one it replaced, and is not kept.
-func (c *conn) keep(key []byte, k string, gen uint32, value []byte, flags uint32, ttl int32) {
+// immutable says the client key's scheme promises that its value never
+// changes; without that promise nothing is kept.
+func (c *conn) keep(key []byte, k string, gen uint32, immutable bool, value []byte, flags uint32, ttl int32) {
 	if c.tierMode != tierRead && c.tierMode != tierFill {
 		return
 	}
-	if !c.p.keys.Immutable(key) {
+	if !immutable {
 		c.p.stats.tierMutable.Add(1)
 		return
 	}

@@ -102,7 +102,7 @@ func (c *conn) metaArithmeticEnveloped(m *metaReq, srv *upstream.Server, k strin
 			n, oldTTL = m.initial, -1
 			c.tmp = strconv.AppendUint(c.tmp[:0], n, 10)
 			ttl := metaTTL(m, oldTTL, true)
-			stored, storedFlags := c.encode(c.keyBuf, bound, 0, c.tmp)
+			stored, storedFlags := c.encodeFor(c.keyBuf, bound, m.rk.postings, 0, c.tmp)
 			c.alignReq = append(append(c.alignReq[:0], "ms "...), k...)
 			c.alignReq = append(c.alignReq, ' ')
 			c.alignReq = strconv.AppendInt(c.alignReq, int64(len(stored)), 10)
@@ -141,7 +141,7 @@ func (c *conn) metaArithmeticEnveloped(m *metaReq, srv *upstream.Server, k strin
 		}
 		oldTTL = it.TTL
 		it.TTL = metaTTL(m, oldTTL, false)
-		conflict, notStored, newCAS, err := c.writeBackCAS(srv, k, c.keyBuf, bound, it, c.tmp)
+		conflict, notStored, newCAS, err := c.writeBackCAS(srv, k, c.keyBuf, bound, m.rk.postings, it, c.tmp)
 		if err != nil {
 			return c.upstreamError(id, srv, err)
 		}

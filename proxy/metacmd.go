@@ -85,6 +85,8 @@ type metaReq struct {
 	err []byte
 	// keyBuf holds the decoded key.
 	keyBuf []byte
+	// rk is what the proxy learned of key (see metaKey).
+	rk resolvedKey
 }
 
 // setWire decides how the upstream key up goes upstream: in base64 when

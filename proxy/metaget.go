@@ -268,7 +268,7 @@ const metaEndFlags = "ZXW"
 // the proxy and for the key's tenant.
 func (c *conn) metaCountKey(m *metaReq, hit bool) {
 	c.p.stats.recordKey(m.hasTTL, hit)
-	if t := c.tenantOf(m.key); t != nil {
+	if t := c.p.tenants.counters(m.rk.tenant); t != nil {
 		t.requests.Add(1)
 		if hit {
 			t.hits.Add(1)

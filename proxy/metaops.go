@@ -132,17 +132,25 @@ func metaOutcome(code []byte, ok outcome) outcome {
 }
 
 // metaKey applies the proxy's key rules to a meta request's key (decoded
-// when it came in base64) and returns the upstream key. A refused key is
-// answered. holdable is false for a key no server can hold as it is (only
-// without key settings: control bytes), unless it goes upstream in base64.
+// when it came in base64), resolves it into m.rk, with what mg and ma
+// read of it, and returns the upstream key. A refused key is answered.
+// holdable is false for a key no server can hold as it is (only without
+// key settings: control bytes), unless it goes upstream in base64.
 func (c *conn) metaKey(id int, m *metaReq) (k string, bound, holdable, ok bool) {
 	if !c.validKey(m.key) {
 		c.clientError(id, replyBadFormat)
 		return "", false, false, false
 	}
-	up, bound, holdable := c.upstreamKey(m.key)
-	m.setWire(up)
-	return string(up), bound, holdable || m.bin, true
+	var need uint8
+	switch id {
+	case cmdMetaGet:
+		need = needTenant // counted, hit or miss
+	case cmdMetaArithmetic:
+		need = postingsIf(c.envelopes(m.key, 0))
+	}
+	m.rk = c.resolve(m.key, need)
+	m.setWire(m.rk.up)
+	return string(m.rk.up), m.rk.bound, m.rk.ok || m.bin, true
 }
 
 // appendMetaHead appends "<verb> <key>", the key in base64 with the b flag

@@ -31,25 +31,27 @@ func (c *conn) metaSet(w [][]byte) error {
 		}
 		return nil
 	}
-	up, bound, holdable := c.upstreamKey(m.key)
-	m.setWire(up)
-	k := string(up)
-	if !holdable && !m.bin {
-		// As for set: no server can hold such a key as it is.
-		st.record(cmdMetaSet, outcomeClientError)
-		c.wr.Write(replyBadFormat)
-		return c.rd.discard(m.vlen + 2)
-	}
-	tenant := c.tenantOf(m.key)
-	if tenant != nil {
-		tenant.requests.Add(1)
-	}
 	join := m.mode == 'A' || m.mode == 'P'
 	flags := m.clientFlags
 	if join {
 		flags = 0 // memcached keeps the item's flags
 	}
-	enveloped := bound || c.envelopes(m.key, flags)
+	enveloped := c.envelopes(m.key, flags)
+	m.rk = c.resolve(m.key, needTenant|postingsIf(enveloped))
+	up, bound := m.rk.up, m.rk.bound
+	m.setWire(up)
+	k := string(up)
+	if !m.rk.ok && !m.bin {
+		// As for set: no server can hold such a key as it is.
+		st.record(cmdMetaSet, outcomeClientError)
+		c.wr.Write(replyBadFormat)
+		return c.rd.discard(m.vlen + 2)
+	}
+	tenant := c.p.tenants.counters(m.rk.tenant)
+	if tenant != nil {
+		tenant.requests.Add(1)
+	}
+	enveloped = enveloped || bound
 	limit := int(c.p.cfg.MaxItemSize)
 	if enveloped {
 		limit = c.p.cfg.maxValueSize()
@@ -78,7 +80,7 @@ func (c *conn) metaSet(w [][]byte) error {
 	}
 	if enveloped {
 		c.keyBuf = append(c.keyBuf[:0], m.key...)
-		value, flags = c.encode(c.keyBuf, bound, m.clientFlags, value)
+		value, flags = c.encodeFor(c.keyBuf, bound, m.rk.postings, m.clientFlags, value)
 		if len(value) > int(c.p.cfg.MaxItemSize) {
 			return c.metaTooLarge(k, m, 0)
 		}
@@ -240,7 +242,7 @@ func (c *conn) metaJoinEnveloped(m *metaReq, srv *upstream.Server, k string, bou
 		} else {
 			c.tmp = append(append(c.tmp[:0], data...), old...)
 		}
-		conflict, notStored, cas, err := c.writeBackCAS(srv, k, c.keyBuf, bound, it, c.tmp)
+		conflict, notStored, cas, err := c.writeBackCAS(srv, k, c.keyBuf, bound, m.rk.postings, it, c.tmp)
 		if err != nil {
 			return c.upstreamError(id, srv, err)
 		}

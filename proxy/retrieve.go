@@ -180,23 +180,27 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 	for _, call := range c.calls {
 		call.Reset()
 	}
-	if len(keys) > 1 {
+	if len(keys) > seenScanMax {
 		clear(c.seen)
+	}
+	need := needTenant
+	if c.tierMode == tierRead || c.tierMode == tierFill {
+		need |= needImmutable
 	}
 	for _, k := range keys {
 		key := string(k)
 		c.keys = append(c.keys, key)
-		tenant := c.tenantOf(k)
-		up, bound, ok := c.upstreamKey(k)
-		if !ok {
+		rk := c.resolve(k, need)
+		tenant, bound := c.p.tenants.counters(rk.tenant), rk.bound
+		if !rk.ok {
 			// No server can hold such a key: it is always a miss.
 			c.owners = append(c.owners, keyOwner{srv: -1, tenant: tenant})
 			continue
 		}
 		if bound {
-			key = string(up)
+			key = string(rk.up)
 		}
-		e, gen := c.fromTier(k, key)
+		e, gen := c.fromTier(k, key, rk.immutable)
 		if e != nil {
 			c.owners = append(c.owners, keyOwner{srv: -1, entry: e, tenant: tenant})
 			continue
@@ -207,19 +211,19 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 		// key (a rewrite equal to another client's key): each owner
 		// checks the item against its own key.
 		if len(keys) > 1 {
-			if o, ok := c.seen[key]; ok {
-				o.bound, o.tenant = bound, tenant
+			if o, ok := c.named(key, len(keys)); ok {
+				o.bound, o.tenant, o.immutable = bound, tenant, rk.immutable
 				c.owners = append(c.owners, o)
 				continue
 			}
 		}
 		s := c.serverFor(key)
 		call := c.calls[s]
-		o := keyOwner{srv: int32(s), pos: int32(len(call.Keys)), bound: bound, tenant: tenant, tierGen: gen}
+		o := keyOwner{srv: int32(s), pos: int32(len(call.Keys)), bound: bound, immutable: rk.immutable, tenant: tenant, tierGen: gen}
 		c.owners = append(c.owners, o)
 		call.Keys = append(call.Keys, key)
 		used[s] = true
-		if len(keys) > 1 {
+		if len(keys) > seenScanMax {
 			if c.seen == nil {
 				c.seen = make(map[string]keyOwner)
 			}
@@ -227,6 +231,26 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 		}
 	}
 	return used
+}
+
+// seenScanMax is the most keys a retrieval looks for repeats of by
+// scanning the keys grouped so far; a longer one keeps a map, which costs
+// a hash and an insertion per key but does not grow with the keys.
+const seenScanMax = 16
+
+// named returns the owner of upstream key k if the retrieval being
+// grouped, of n keys, already asks a server for it.
+func (c *conn) named(k string, n int) (keyOwner, bool) {
+	if n > seenScanMax {
+		o, ok := c.seen[k]
+		return o, ok
+	}
+	for _, o := range c.owners {
+		if o.srv >= 0 && c.calls[o.srv].Keys[o.pos] == k {
+			return o, true
+		}
+	}
+	return keyOwner{}, false
 }
 
 // usedServers returns a cleared per-server flag slice, reused across calls.
@@ -288,7 +312,7 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 					hit = true
 					if c.tierMode != tierOff {
 						c.keyBuf = append(c.keyBuf[:0], c.keys[i]...)
-						c.keep(c.keyBuf, call.Keys[o.pos], o.tierGen, value, flags, it.TTL)
+						c.keep(c.keyBuf, call.Keys[o.pos], o.tierGen, o.immutable, value, flags, it.TTL)
 					}
 				}
 			}

@@ -34,24 +34,22 @@ func (c *conn) store(id int, w [][]byte) error {
 	}
 	key, vlen := a.key, a.vlen
 	join := id == cmdAppend || id == cmdPrepend
-	tenant := c.tenantOf(key)
+	envFlags := a.flags
+	if join {
+		envFlags = 0 // memcached ignores the flags of append and prepend
+	}
+	enveloped := c.envelopes(key, envFlags)
+	rk := c.resolve(key, needTenant|postingsIf(enveloped))
+	tenant := c.p.tenants.counters(rk.tenant)
 	if tenant != nil {
 		tenant.requests.Add(1)
 	}
 	// key points into the read buffer, which data may move: k is a copy.
-	up, bound, _ := c.upstreamKey(key)
-	k := string(up)
+	k := string(rk.up)
 	// A value under a rewritten key is always enveloped, bound to the
 	// client key: another key may meet it upstream.
-	enveloped := bound
-	switch {
-	case bound:
-	case join:
-		// memcached ignores the flags of append and prepend.
-		enveloped = c.envelopes(key, 0)
-	default:
-		enveloped = c.envelopes(key, a.flags)
-	}
+	bound, postings := rk.bound, rk.postings
+	enveloped = enveloped || bound
 	// A value to envelope may be over the item-size limit and still fit
 	// once compressed; any other is stored as it is.
 	limit := int(c.p.cfg.MaxItemSize)
@@ -76,11 +74,11 @@ func (c *conn) store(id int, w [][]byte) error {
 	value, flags := data[:vlen], a.flags
 	if enveloped && join {
 		return c.modifyInZones(k, func(srv *upstream.Server) error {
-			return c.joinEnveloped(id, srv, k, c.keyBuf, bound, value)
+			return c.joinEnveloped(id, srv, k, c.keyBuf, bound, postings, value)
 		})
 	}
 	if enveloped {
-		value, flags = c.encode(c.keyBuf, bound, a.flags, value)
+		value, flags = c.encodeFor(c.keyBuf, bound, postings, a.flags, value)
 		if len(value) > int(c.p.cfg.MaxItemSize) {
 			return c.tooLarge(id, k, 0)
 		}

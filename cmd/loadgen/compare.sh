@@ -18,7 +18,8 @@
 # the clock, so that the pre-population is not counted) and divides them by
 # the requests loadgen completed. At the end it prints one table of the
 # medians over the rounds: throughput, CPU microseconds per request and
-# reads + writes per request, with the ratios proxy/twemproxy. Any wrong
+# reads + writes per request, and context switches per request, with the
+# ratios proxy/twemproxy. Any wrong
 # value or protocol error seen by loadgen fails the script.
 #
 # Load 3 has no direct memcached figure ("n/a"): loadgen talks to one
@@ -258,7 +259,7 @@ instance() {
 	esac
 	return 0
 }
-declare -A results=() cpu_req=() rd_req=() wr_req=()
+declare -A results=() cpu_req=() rd_req=() wr_req=() cs_req=()
 
 # The machine is small and may be shared, so each run reports where the CPU
 # went: the servers' own time, loadgen's (as this shell's reaped children),
@@ -282,7 +283,10 @@ cpu_ticks() {
 	echo "$t"
 }
 # proc_sample sets ps_ticks, ps_reads and ps_writes to the CPU clock ticks
-# and the read and write system calls process $1 has made so far.
+# and the read and write system calls process $1 has made so far, and
+# ps_switches to the context switches, voluntary and not, of its threads
+# alive now (a thread that ended meanwhile takes its count with it; Go and
+# twemproxy keep theirs).
 proc_sample() {
 	local k v
 	ps_ticks=$(cpu_ticks "$1") ps_reads="" ps_writes=""
@@ -293,6 +297,7 @@ proc_sample() {
 		esac
 	done <"/proc/$1/io" || die "cannot read /proc/$1/io"
 	[[ $ps_reads =~ ^[0-9]+$ && $ps_writes =~ ^[0-9]+$ ]] || die "no syscr/syscw in /proc/$1/io"
+	ps_switches=$(cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches:/ { n += $2 } END { print n + 0 }')
 }
 # machine_ticks prints the busy and the total clock ticks of all CPUs.
 machine_ticks() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat; }
@@ -364,7 +369,7 @@ measure() {
 		[[ $lpid =~ ^[0-9]+$ ]] || die "cannot find the pid of loadgen"
 		if $watched; then
 			proc_sample "${server_pid[$inst]}"
-			t0=$ps_ticks r0=$ps_reads w0=$ps_writes
+			t0=$ps_ticks r0=$ps_reads w0=$ps_writes s0=$ps_switches
 		fi
 		kill -USR1 "$lpid"
 	fi
@@ -395,12 +400,13 @@ measure() {
 	if $watched; then
 		sv=$(($(cpu_ticks "${server_pid[$inst]}") - sv0))
 		cpu+=" $t=$(secs "$sv")"
-		read -r c rd wr < <(awk -v dt=$((ps_ticks - t0)) -v dr=$((ps_reads - r0)) -v dw=$((ps_writes - w0)) -v n="$requests" -v hz="$HZ" \
-			'BEGIN { printf "%.3f %.3f %.3f\n", dt / hz * 1e6 / n, dr / n, dw / n }')
+		read -r c rd wr cs < <(awk -v dt=$((ps_ticks - t0)) -v dr=$((ps_reads - r0)) -v dw=$((ps_writes - w0)) -v ds=$((ps_switches - s0)) -v n="$requests" -v hz="$HZ" \
+			'BEGIN { printf "%.3f %.3f %.3f %.3f\n", dt / hz * 1e6 / n, dr / n, dw / n, ds / n }')
 		cpu_req[$l,$t]+="$c "
 		rd_req[$l,$t]+="$rd "
 		wr_req[$l,$t]+="$wr "
-		per="  per request (timed phase only): $t cpu=${c}us reads=$rd writes=$wr"
+		cs_req[$l,$t]+="$cs "
+		per="  per request (timed phase only): $t cpu=${c}us reads=$rd writes=$wr context_switches=$cs"
 	fi
 	cpu+=" loadgen=$(secs "$lg") (whole runs, pre-population included)"
 	cpu+=" machine_busy=$(((busy1 - busy0) * 100 / (total1 - total0)))% of $NCPU CPUs"
@@ -452,8 +458,8 @@ done
 echo
 echo "medians over $ROUNDS round(s) of $DURATION; CPU and system calls of the twemproxy and proxy processes over the timed phase, per loadgen request:"
 echo
-echo "| load | memcached ops/s | twemproxy ops/s | proxy ops/s | proxy/twemproxy | CPU µs/req twemproxy | CPU µs/req proxy | ratio | reads+writes/req twemproxy | reads+writes/req proxy |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| load | memcached ops/s | twemproxy ops/s | proxy ops/s | proxy/twemproxy | CPU µs/req twemproxy | CPU µs/req proxy | ratio | reads+writes/req twemproxy | reads+writes/req proxy | context switches/req twemproxy | context switches/req proxy |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for l in "${loads[@]}"; do
 	if [[ -n ${results[$l,memcached]:-} ]]; then
 		m_mc=$(fmt "$(median "${results[$l,memcached]}")" '%.0f')
@@ -464,9 +470,10 @@ for l in "${loads[@]}"; do
 	m_px=$(median "${results[$l,proxy]}")
 	c_tw=$(median "${cpu_req[$l,twemproxy]}")
 	c_px=$(median "${cpu_req[$l,proxy]}")
-	printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s + %s | %s + %s |\n' "$(describe "$l")" "$m_mc" \
+	printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s + %s | %s + %s | %s | %s |\n' "$(describe "$l")" "$m_mc" \
 		"$(fmt "$m_tw" '%.0f')" "$(fmt "$m_px" '%.0f')" "$(ratio "$m_px" "$m_tw")" \
 		"$(fmt "$c_tw" '%.2f')" "$(fmt "$c_px" '%.2f')" "$(ratio "$c_px" "$c_tw")" \
 		"$(fmt "$(median "${rd_req[$l,twemproxy]}")" '%.2f')" "$(fmt "$(median "${wr_req[$l,twemproxy]}")" '%.2f')" \
-		"$(fmt "$(median "${rd_req[$l,proxy]}")" '%.2f')" "$(fmt "$(median "${wr_req[$l,proxy]}")" '%.2f')"
+		"$(fmt "$(median "${rd_req[$l,proxy]}")" '%.2f')" "$(fmt "$(median "${wr_req[$l,proxy]}")" '%.2f')" \
+		"$(fmt "$(median "${cs_req[$l,twemproxy]}")" '%.2f')" "$(fmt "$(median "${cs_req[$l,proxy]}")" '%.2f')"
 done

@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -62,15 +63,45 @@ func startMemcached(t *testing.T) string {
 	if err != nil {
 		t.Fatalf("memcached is not installed (the README's test command installs it): %v", err)
 	}
-	addr := freeAddr(t)
-	_, port, _ := net.SplitHostPort(addr)
-	cmd := exec.Command(bin, "-l", "127.0.0.1", "-p", port, "-U", "0", "-t", "1", "-m", "16", "-u", "nobody")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	// Tests of other packages start memcached on free ports at the same
+	// time: one that lost the race for a port exits, and another's server
+	// may answer on it. memcached's stats name the pid that listens.
+	for range 5 {
+		addr := freeAddr(t)
+		_, port, _ := net.SplitHostPort(addr)
+		cmd := exec.Command(bin, "-l", "127.0.0.1", "-p", port, "-U", "0", "-t", "1", "-m", "16", "-u", "nobody")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		waitDial(t, addr)
+		if statsPid(addr) == strconv.Itoa(cmd.Process.Pid) {
+			return addr
+		}
+		cmd.Process.Kill()
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	waitDial(t, addr)
-	return addr
+	t.Fatal("could not start memcached on a port of its own")
+	return ""
+}
+
+// statsPid returns the pid the memcached on addr reports, or "".
+func statsPid(addr string) string {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return ""
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("stats\r\n")); err != nil {
+		return ""
+	}
+	sc := bufio.NewScanner(c)
+	for sc.Scan() && sc.Text() != "END" {
+		if v, ok := strings.CutPrefix(sc.Text(), "STAT pid "); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 // sidecar is the whole command, run in the test process.

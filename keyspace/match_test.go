@@ -1,0 +1,147 @@
+package keyspace
+
+import (
+	"bufio"
+	"bytes"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// matchKeyspaces are key settings a Match is checked under: the defaults,
+// short upstream keys with user schemes (as FuzzRewrite), and user schemes
+// marked +postings and +immutable ahead of the built-in ones.
+func matchKeyspaces(t testing.TB) []*Keyspace {
+	return []*Keyspace{
+		newKeyspace(t, nil),
+		newKeyspace(t, func(c *Config) {
+			c.MaxLength = 64
+			c.Schemes = []string{"u=P2:{tenant}:{ulid}:{2}:{1}", "v={}|{tenants}/{3}:{2}:{1}"}
+		}),
+		newKeyspace(t, func(c *Config) {
+			c.Schemes = []string{"mine+postings+immutable=P2:{tenant}:{}", "loki-index=IDX:{tenant}:{ulid}:{1}"}
+		}),
+	}
+}
+
+// checkMatch fails t unless one Match of key gives the answers the
+// separate calls give: tenant, scheme, immutability and upstream key. The
+// rewrite is asked first, so that what it notes in the match is seen to
+// change none of the other answers.
+func checkMatch(t testing.TB, k *Keyspace, key []byte) {
+	t.Helper()
+	m := k.Match(key)
+	out, step, scheme := m.AppendRewrite(nil)
+	wantOut, wantStep, wantScheme := k.AppendRewrite(nil, key)
+	if !bytes.Equal(out, wantOut) || step != wantStep || scheme != wantScheme {
+		t.Fatalf("%q: match rewrites to %q (%v, %q), AppendRewrite to %q (%v, %q)", key, out, step, scheme, wantOut, wantStep, wantScheme)
+	}
+	tenant, wantTenant := m.Tenant(), k.Tenant(key)
+	if !bytes.Equal(tenant, wantTenant) || (tenant == nil) != (wantTenant == nil) || cap(tenant) != cap(wantTenant) {
+		t.Fatalf("%q: match says tenant %q, Tenant %q", key, tenant, wantTenant)
+	}
+	s, ok := m.Scheme()
+	if wantS, wantOK := k.SchemeOf(key); s != wantS || ok != wantOK {
+		t.Fatalf("%q: match says scheme %v (%v), SchemeOf %v (%v)", key, s, ok, wantS, wantOK)
+	}
+	if got, want := m.Immutable(), k.Immutable(key); got != want {
+		t.Fatalf("%q: match says immutable %v, Immutable %v", key, got, want)
+	}
+}
+
+// goldenKeys returns the client keys of the golden vectors.
+func goldenKeys(t testing.TB) [][]byte {
+	f, err := os.Open(goldenFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	var keys [][]byte
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fields := strings.Split(line, "\t")
+		if len(fields) != 5 {
+			t.Fatalf("bad golden line %q", line)
+		}
+		key, err := strconv.Unquote(fields[3])
+		if err != nil {
+			t.Fatalf("bad quoting in golden line %q", line)
+		}
+		keys = append(keys, []byte(key))
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+func TestOneMatchAnswersAsTheSeparateCalls(t *testing.T) {
+	keys := goldenKeys(t)
+	if len(keys) == 0 {
+		t.Fatal("no golden vectors")
+	}
+	for _, key := range []string{
+		"P2:tenant:" + blockA + ":am9i",
+		"IDX:t:" + blockA + ":x\x01",
+		"subrange:" + blockA + "/chunks/000001:0:16000",
+		"subrange:tenant/bucket-index.json.gz:0:10",
+		"1@QS:team_a|team_b|team_c:" + hash43,
+		"no scheme matches this key",
+		"~",
+	} {
+		keys = append(keys, []byte(key))
+	}
+	for i, k := range matchKeyspaces(t) {
+		t.Run("settings "+strconv.Itoa(i), func(t *testing.T) {
+			for _, key := range keys {
+				if ok, _ := k.Check(key); ok {
+					checkMatch(t, k, key)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkKeyQuestions measures what the proxy pays to learn everything
+// it asks of a request key (tenant, scheme, immutability, upstream key):
+// asked one call at a time, each call matches the key against the schemes
+// again; from one Match, the key is matched once. A Mimir postings key
+// that passes unchanged is the common case; the 282-byte LV2 key is
+// rewritten, which AppendRewrite matches for once more on its own.
+func BenchmarkKeyQuestions(b *testing.B) {
+	k := newKeyspace(b, nil)
+	for _, bc := range []struct {
+		name string
+		key  []byte
+	}{
+		{"mimir-p2-passes", []byte("P2:tenant-1:" + blockA + ":am9iOmFwaQ")},
+		{"mimir-lv2-282B-rewritten", []byte(lv2Key(tenantID("acme", 150), blockA, lv2Label282))},
+	} {
+		dst := make([]byte, 0, 256)
+		b.Run(bc.name+"/separate-calls", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				k.Tenant(bc.key)
+				k.SchemeOf(bc.key)
+				k.Immutable(bc.key)
+				dst, _, _ = k.AppendRewrite(dst[:0], bc.key)
+			}
+		})
+		b.Run(bc.name+"/one-match", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				m := k.Match(bc.key)
+				m.Tenant()
+				m.Scheme()
+				m.Immutable()
+				dst, _, _ = m.AppendRewrite(dst[:0])
+			}
+		})
+	}
+}
