@@ -23,8 +23,9 @@ import (
 // and a monitor that keeps waking every 20 µs to do it. RawSyscall makes
 // the call as the runtime's own poller does: the goroutine keeps its
 // processor for the microseconds the kernel copies. Measured under the
-// 100-key load, context switches per request fell from about 4.5 to
-// about 1.5, as many as twemproxy's.
+// 100-key load, context switches per request fell from 4.4-5.5 to 1.9-2.2
+// (twemproxy: 1.1), and the monitor thread's from about 4,400 a second to
+// about 110.
 
 // RawConnOf returns the socket of nc for waiting on it directly, or nil
 // when nc is not a plain socket.
