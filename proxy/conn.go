@@ -313,21 +313,12 @@ type fdReader struct {
 }
 
 func (r *fdReader) Read(b []byte) (int, error) {
-	for {
-		n, err := sockio.Read(r.fd, b)
-		switch {
-		case err == syscall.EINTR:
-			continue
-		case err == syscall.EAGAIN:
-			return 0, errWouldBlock
-		case err != 0:
-			return 0, os.NewSyscallError("read", err)
-		case n == 0 && len(b) > 0:
-			return 0, io.EOF
-		}
-		r.stats.bytesRead.Add(uint64(n))
-		return n, nil
+	n, again, err := sockio.Read(r.fd, b)
+	if again {
+		return 0, errWouldBlock
 	}
+	r.stats.bytesRead.Add(uint64(n))
+	return n, err
 }
 
 // logClose logs, once, why a connection is closed on an error: a client

@@ -127,16 +127,10 @@ func (c *conn) readForUpdate(srv *upstream.Server, k string, key []byte, bind bo
 }
 
 // writeBack stores value, enveloped, under key if the item is still as it
-// was read. conflict reports that another write came first. postings is
-// the key's resolvedKey.postings.
-func (c *conn) writeBack(srv *upstream.Server, k string, key []byte, bind, postings bool, it upstream.MetaItem, value []byte) (conflict, notStored bool, err error) {
-	conflict, notStored, _, err = c.writeBackCAS(srv, k, key, bind, postings, it, value)
-	return conflict, notStored, err
-}
-
-// writeBackCAS is writeBack that also returns the CAS value of the item
-// stored, for the meta commands that answer it.
-func (c *conn) writeBackCAS(srv *upstream.Server, k string, key []byte, bind, postings bool, it upstream.MetaItem, value []byte) (conflict, notStored bool, cas uint64, err error) {
+// was read. conflict reports that another write came first; cas is the
+// CAS value of the item stored, which the meta commands answer. postings
+// is the key's resolvedKey.postings.
+func (c *conn) writeBack(srv *upstream.Server, k string, key []byte, bind, postings bool, it upstream.MetaItem, value []byte) (conflict, notStored bool, cas uint64, err error) {
 	stored, storedFlags := c.encodeFor(key, bind, postings, it.Flags, value)
 	if len(stored) > int(c.p.cfg.MaxItemSize) {
 		return false, true, 0, nil
@@ -157,68 +151,114 @@ func (c *conn) writeBackCAS(srv *upstream.Server, k string, key []byte, bind, po
 // flags, a missing item is NOT_STORED, and so is a joined value over the
 // item-size limit (memcached cannot allocate it).
 func (c *conn) joinEnveloped(id int, srv *upstream.Server, k string, key []byte, bind, postings bool, data []byte) error {
-	return c.readModifyWrite(id, srv, k, key, bind, postings, replyNotStored, outcomeNotStored, func(old []byte) (bool, error) {
-		if id == cmdAppend {
-			c.tmp = append(append(c.tmp[:0], old...), data...)
-		} else {
-			c.tmp = append(append(c.tmp[:0], data...), old...)
-		}
-		return true, nil
-	}, func(notStored bool) bool {
-		if notStored {
-			c.p.stats.record(id, outcomeNotStored)
-			c.reply(replyNotStored)
-			return true
-		}
-		c.p.stats.record(id, outcomeStored)
-		c.reply(replyStored)
-		return true
+	return c.readModifyWrite(id, srv, k, key, bind, postings, rmw{
+		missing: c.answerMissing(id, replyNotStored, outcomeNotStored),
+		change: func(old []byte, _ *upstream.MetaItem) (bool, error) {
+			c.join(id == cmdAppend, old, data)
+			return true, nil
+		},
+		stored: func(notStored bool, _ uint64) (bool, error) {
+			if notStored {
+				c.p.stats.record(id, outcomeNotStored)
+				c.reply(replyNotStored)
+				return true, nil
+			}
+			c.p.stats.record(id, outcomeStored)
+			c.reply(replyStored)
+			return true, nil
+		},
 	})
 }
 
 // arithmeticEnveloped answers incr and decr on a key whose values are
-// enveloped, with memcached's arithmetic: incr wraps at 2^64, decr stops at
-// 0, and a shorter result is padded with spaces to the old length, as
-// memcached rewrites the number in place.
+// enveloped, with memcached's arithmetic (see count).
 func (c *conn) arithmeticEnveloped(id int, srv *upstream.Server, k string, key []byte, bind, postings, incr bool, delta uint64) error {
 	var n uint64
-	return c.readModifyWrite(id, srv, k, key, bind, postings, replyNotFound, outcomeNotFound, func(old []byte) (bool, error) {
-		var ok bool
-		if n, ok = parseCounter(old); !ok {
-			return false, c.clientError(id, replyNonNumeric)
-		}
-		switch {
-		case incr:
-			n += delta
-		case delta > n:
-			n = 0
-		default:
-			n -= delta
-		}
-		c.tmp = strconv.AppendUint(c.tmp[:0], n, 10)
-		for len(c.tmp) < len(old) {
-			c.tmp = append(c.tmp, ' ')
-		}
-		return true, nil
-	}, func(notStored bool) bool {
-		if notStored {
-			// A number always fits; refused, it was changed meanwhile.
-			return false
-		}
-		c.p.stats.record(id, outcomeOK)
-		c.replyNumber(n)
-		return true
+	return c.readModifyWrite(id, srv, k, key, bind, postings, rmw{
+		missing: c.answerMissing(id, replyNotFound, outcomeNotFound),
+		change: func(old []byte, _ *upstream.MetaItem) (bool, error) {
+			var ok bool
+			if n, ok = c.count(old, incr, delta); !ok {
+				return false, c.clientError(id, replyNonNumeric)
+			}
+			return true, nil
+		},
+		stored: func(notStored bool, _ uint64) (bool, error) {
+			if notStored {
+				// A number always fits; refused, it was changed
+				// meanwhile.
+				return false, nil
+			}
+			c.p.stats.record(id, outcomeOK)
+			c.replyNumber(n)
+			return true, nil
+		},
 	})
 }
 
-// readModifyWrite reads an enveloped item, lets change put the new value
-// in c.tmp, and writes it back only if the item is unchanged, retrying a
-// lost race up to rmwAttempts times. A missing item is answered missing
-// with its outcome. change returns false when it has answered itself;
-// stored answers a write back (notStored: memcached refused it) and
-// returns false to try again.
-func (c *conn) readModifyWrite(id int, srv *upstream.Server, k string, key []byte, bind, postings bool, missing []byte, missingOutcome outcome,
-	change func(old []byte) (bool, error), stored func(notStored bool) bool) error {
+// join puts old with data joined after it (app) or before it in c.tmp.
+func (c *conn) join(app bool, old, data []byte) {
+	if app {
+		c.tmp = append(append(c.tmp[:0], old...), data...)
+	} else {
+		c.tmp = append(append(c.tmp[:0], data...), old...)
+	}
+}
+
+// count puts in c.tmp the counter old after incr or decr by delta, with
+// memcached's arithmetic: incr wraps at 2^64, decr stops at 0, and a
+// shorter result is padded with spaces to the old length, as memcached
+// rewrites the number in place. ok is false when old is not a number.
+func (c *conn) count(old []byte, incr bool, delta uint64) (n uint64, ok bool) {
+	if n, ok = parseCounter(old); !ok {
+		return 0, false
+	}
+	switch {
+	case incr:
+		n += delta
+	case delta > n:
+		n = 0
+	default:
+		n -= delta
+	}
+	c.tmp = strconv.AppendUint(c.tmp[:0], n, 10)
+	for len(c.tmp) < len(old) {
+		c.tmp = append(c.tmp, ' ')
+	}
+	return n, true
+}
+
+// rmw is one read-modify-write of an enveloped item: each function either
+// goes on or answers the client itself.
+type rmw struct {
+	// missing answers a missing item, or asks to read it again (retry)
+	// when it was created meanwhile.
+	missing func() (retry bool, err error)
+	// change puts the new value in c.tmp, and may change the item it is
+	// written back as (its time to live). It returns false when it has
+	// answered.
+	change func(old []byte, it *upstream.MetaItem) (bool, error)
+	// stored answers a write back that was not refused for a conflict
+	// (notStored: memcached refused it otherwise; cas: the new item's
+	// CAS value) and returns false to try again.
+	stored func(notStored bool, cas uint64) (bool, error)
+}
+
+// answerMissing returns an rmw.missing that answers line with its outcome.
+func (c *conn) answerMissing(id int, line []byte, oc outcome) func() (bool, error) {
+	return func() (bool, error) {
+		c.p.stats.record(id, oc)
+		c.reply(line)
+		return false, nil
+	}
+}
+
+// readModifyWrite reads an enveloped item, lets op change it, and writes
+// it back only if the item is unchanged, retrying a lost race up to
+// rmwAttempts times. Asked quietly (c.quietMiss, by modifyInZones), a
+// missing item answers nothing and sets c.missed, so that the next zone
+// can be asked. c.changed reports that the value was stored.
+func (c *conn) readModifyWrite(id int, srv *upstream.Server, k string, key []byte, bind, postings bool, op rmw) error {
 	c.changed = false
 	for attempt := range rmwAttempts {
 		backoff(attempt)
@@ -231,20 +271,24 @@ func (c *conn) readModifyWrite(id int, srv *upstream.Server, k string, key []byt
 			return nil
 		}
 		if !found {
-			c.p.stats.record(id, missingOutcome)
-			c.reply(missing)
-			return nil
+			if retry, err := op.missing(); !retry {
+				return err
+			}
+			continue
 		}
-		if goOn, err := change(old); !goOn {
+		if goOn, err := op.change(old, &it); !goOn {
 			return err
 		}
-		conflict, notStored, err := c.writeBack(srv, k, key, bind, postings, it, c.tmp)
+		conflict, notStored, cas, err := c.writeBack(srv, k, key, bind, postings, it, c.tmp)
 		if err != nil {
 			return c.upstreamError(id, srv, err)
 		}
-		if !conflict && stored(notStored) {
+		if conflict {
+			continue
+		}
+		if done, err := op.stored(notStored, cas); done {
 			c.changed = !notStored
-			return nil
+			return err
 		}
 	}
 	c.p.stats.record(id, outcomeUpstreamError)

@@ -57,9 +57,8 @@ func (c *conn) metaArithmetic(w [][]byte) error {
 	if err != nil {
 		return c.upstreamError(cmdMetaArithmetic, srv, err)
 	}
-	r := &c.mst.rep
-	c.mst.up = append(c.mst.up[:0], line...)
-	if !r.parse(c.mst.up) {
+	r, ok := c.metaParse(line)
+	if !ok {
 		c.answer(cmdMetaArithmetic, line)
 		return nil
 	}
@@ -75,84 +74,67 @@ func (c *conn) metaArithmetic(w [][]byte) error {
 }
 
 // metaArithmeticEnveloped answers ma on a key whose values are enveloped,
-// with memcached's arithmetic (see arithmeticEnveloped): a missing item is
+// with memcached's arithmetic (see count): a missing item is
 // NF, or with N created from J (default 0) by an add; a CAS the item no
 // longer has is EX. The client key is in c.keyBuf.
 func (c *conn) metaArithmeticEnveloped(m *metaReq, srv *upstream.Server, k string, bound bool) error {
 	id := cmdMetaArithmetic
-	c.changed = false
-	for attempt := range rmwAttempts {
-		backoff(attempt)
-		old, it, found, err := c.readForUpdate(srv, k, c.keyBuf, bound)
-		if err != nil {
-			return c.upstreamError(id, srv, err)
-		}
-		var n, cas uint64
-		var oldTTL int32
-		if !found && c.quietMiss {
-			// Another zone may have it: only the last one asked
-			// answers NF or creates the item.
-			c.missed = true
-			return nil
-		}
-		if !found {
+	var n uint64
+	var oldTTL int32
+	return c.readModifyWrite(id, srv, k, c.keyBuf, bound, m.rk.postings, rmw{
+		missing: func() (bool, error) {
 			if !m.hasVivify {
-				return c.metaAnswer(id, m, metaCodeNotFound, nil, nil)
+				return false, c.metaAnswer(id, m, metaCodeNotFound, nil, nil)
 			}
-			n, oldTTL = m.initial, -1
-			c.tmp = strconv.AppendUint(c.tmp[:0], n, 10)
-			ttl := metaTTL(m, oldTTL, true)
-			stored, storedFlags := c.encodeFor(c.keyBuf, bound, m.rk.postings, 0, c.tmp)
-			c.alignReq = append(append(c.alignReq[:0], "ms "...), k...)
-			c.alignReq = append(c.alignReq, ' ')
-			c.alignReq = strconv.AppendInt(c.alignReq, int64(len(stored)), 10)
-			c.alignReq = appendMetaFlag(c.alignReq, 'F', int64(storedFlags))
-			c.alignReq = appendMetaFlag(c.alignReq, 'T', wire.ExptimeOf(ttl))
-			c.alignReq = append(c.alignReq, " ME c\r\n"...)
-			line, err := c.send(srv, c.alignReq, stored)
-			if err != nil {
-				return c.upstreamError(id, srv, err)
+			return c.metaCreateCounter(m, srv, k, bound)
+		},
+		change: func(old []byte, it *upstream.MetaItem) (bool, error) {
+			if m.hasCAS && it.CAS != m.cas {
+				return false, c.metaAnswer(id, m, metaCodeExists, nil, nil)
 			}
-			if !bytes.HasPrefix(line, storedWithCAS) {
-				continue // another client created it first
+			var ok bool
+			if n, ok = c.count(old, m.mode != 'D' && m.mode != '-', m.delta); !ok {
+				return false, c.clientError(id, replyNonNumeric)
 			}
-			cas, _ = wire.ParseUint64(bytes.TrimSuffix(line[len(storedWithCAS):], crlf))
-			c.changed = true
-			return c.metaArithmeticAnswer(m, n, cas, oldTTL, true)
-		}
-		if m.hasCAS && it.CAS != m.cas {
-			return c.metaAnswer(id, m, metaCodeExists, nil, nil)
-		}
-		var ok bool
-		if n, ok = parseCounter(old); !ok {
-			return c.clientError(id, replyNonNumeric)
-		}
-		switch {
-		case m.mode != 'D' && m.mode != '-':
-			n += m.delta
-		case m.delta > n:
-			n = 0
-		default:
-			n -= m.delta
-		}
-		c.tmp = strconv.AppendUint(c.tmp[:0], n, 10)
-		for len(c.tmp) < len(old) {
-			c.tmp = append(c.tmp, ' ')
-		}
-		oldTTL = it.TTL
-		it.TTL = metaTTL(m, oldTTL, false)
-		conflict, notStored, newCAS, err := c.writeBackCAS(srv, k, c.keyBuf, bound, m.rk.postings, it, c.tmp)
-		if err != nil {
-			return c.upstreamError(id, srv, err)
-		}
-		if !conflict && !notStored {
-			c.changed = true
-			return c.metaArithmeticAnswer(m, n, newCAS, oldTTL, false)
-		}
+			oldTTL = it.TTL
+			it.TTL = metaTTL(m, oldTTL, false)
+			return true, nil
+		},
+		stored: func(notStored bool, cas uint64) (bool, error) {
+			if notStored {
+				return false, nil // a number always fits: try again
+			}
+			return true, c.metaArithmeticAnswer(m, n, cas, oldTTL, false)
+		},
+	})
+}
+
+// metaCreateCounter creates the counter a missing item asked for with N:
+// J (default 0), with N's time to live, by an add. It answers and reports
+// no retry when the add took, and asks to read the item again when another
+// client created it first.
+func (c *conn) metaCreateCounter(m *metaReq, srv *upstream.Server, k string, bound bool) (retry bool, err error) {
+	id := cmdMetaArithmetic
+	n := m.initial
+	c.tmp = strconv.AppendUint(c.tmp[:0], n, 10)
+	ttl := metaTTL(m, -1, true)
+	stored, storedFlags := c.encodeFor(c.keyBuf, bound, m.rk.postings, 0, c.tmp)
+	c.alignReq = append(append(c.alignReq[:0], "ms "...), k...)
+	c.alignReq = append(c.alignReq, ' ')
+	c.alignReq = strconv.AppendInt(c.alignReq, int64(len(stored)), 10)
+	c.alignReq = appendMetaFlag(c.alignReq, 'F', int64(storedFlags))
+	c.alignReq = appendMetaFlag(c.alignReq, 'T', wire.ExptimeOf(ttl))
+	c.alignReq = append(c.alignReq, " ME c\r\n"...)
+	line, err := c.send(srv, c.alignReq, stored)
+	if err != nil {
+		return false, c.upstreamError(id, srv, err)
 	}
-	c.p.stats.record(id, outcomeUpstreamError)
-	c.wr.Write(replyContended)
-	return nil
+	if !bytes.HasPrefix(line, storedWithCAS) {
+		return true, nil // another client created it first
+	}
+	cas, _ := wire.ParseUint64(bytes.TrimSuffix(line[len(storedWithCAS):], crlf))
+	c.changed = true
+	return false, c.metaArithmeticAnswer(m, n, cas, -1, true)
 }
 
 // metaTTL walks ma's flags in order as memcached does: T sets the item's

@@ -141,9 +141,8 @@ func (c *conn) metaGet(w [][]byte) error {
 		c.writeMetaMiss(m)
 		return nil
 	}
-	r := &c.mst.rep
-	c.mst.up = append(c.mst.up[:0], line...)
-	if !r.parse(c.mst.up) || r.code != [2]byte{'V', 'A'} && r.code != [2]byte{'H', 'D'} {
+	r, ok := c.metaParse(line)
+	if !ok || r.code != [2]byte{'V', 'A'} && r.code != [2]byte{'H', 'D'} {
 		if bytes.HasPrefix(line, metaCodeMiss) {
 			c.metaCountKey(m, false)
 			c.metaMiss(m)

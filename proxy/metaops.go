@@ -32,6 +32,15 @@ type metaReply struct {
 	tok  [58][]byte // by letter, from 'A'
 }
 
+// metaParse parses memcached's reply line to the meta command being
+// handled into the connection's reply, from a copy of line: line lies in a
+// call's buffer, which the next upstream request reuses. ok is false for
+// a line that is no meta reply, to be relayed as it is.
+func (c *conn) metaParse(line []byte) (r *metaReply, ok bool) {
+	c.mst.up = append(c.mst.up[:0], line...)
+	return &c.mst.rep, c.mst.rep.parse(c.mst.up)
+}
+
 // parseMetaReply splits line ("XX[ <size>][ <flag>…]\r\n"); ok is false
 // for a line that is no meta reply (an error line, for one). The tokens
 // are sub-slices of line.

@@ -106,9 +106,8 @@ func (c *conn) metaSet(w [][]byte) error {
 	if err != nil {
 		return c.upstreamError(cmdMetaSet, srv, err)
 	}
-	r := &c.mst.rep
-	c.mst.up = append(c.mst.up[:0], line...)
-	if !r.parse(c.mst.up) {
+	r, ok := c.metaParse(line)
+	if !ok {
 		c.answer(cmdMetaSet, line)
 		return nil
 	}
@@ -219,44 +218,22 @@ func (c *conn) metaTooLarge(k string, m *metaReq, n int) error {
 // missing item is NS (or, asked quietly by modifyInZones, no answer), a
 // CAS the item no longer has is EX. The client key is in c.keyBuf.
 func (c *conn) metaJoinEnveloped(m *metaReq, srv *upstream.Server, k string, bound bool, data []byte) error {
-	id := cmdMetaSet
-	c.changed = false
-	for attempt := range rmwAttempts {
-		backoff(attempt)
-		old, it, found, err := c.readForUpdate(srv, k, c.keyBuf, bound)
-		if err != nil {
-			return c.upstreamError(id, srv, err)
-		}
-		if !found && c.quietMiss {
-			c.missed = true
-			return nil
-		}
-		if !found {
-			return c.metaSetAnswer(m, metaCodeNotStore, nil)
-		}
-		if m.hasCAS && it.CAS != m.cas {
-			return c.metaSetAnswer(m, metaCodeExists, nil)
-		}
-		if m.mode == 'A' {
-			c.tmp = append(append(c.tmp[:0], old...), data...)
-		} else {
-			c.tmp = append(append(c.tmp[:0], data...), old...)
-		}
-		conflict, notStored, cas, err := c.writeBackCAS(srv, k, c.keyBuf, bound, m.rk.postings, it, c.tmp)
-		if err != nil {
-			return c.upstreamError(id, srv, err)
-		}
-		if notStored {
-			return c.metaSetAnswer(m, metaCodeNotStore, nil)
-		}
-		if !conflict {
-			c.changed = true
-			return c.metaSetAnswer(m, metaCodeStored, strconv.AppendUint(c.scratch[:0], cas, 10))
-		}
-	}
-	c.p.stats.record(id, outcomeUpstreamError)
-	c.wr.Write(replyContended)
-	return nil
+	return c.readModifyWrite(cmdMetaSet, srv, k, c.keyBuf, bound, m.rk.postings, rmw{
+		missing: func() (bool, error) { return false, c.metaSetAnswer(m, metaCodeNotStore, nil) },
+		change: func(old []byte, it *upstream.MetaItem) (bool, error) {
+			if m.hasCAS && it.CAS != m.cas {
+				return false, c.metaSetAnswer(m, metaCodeExists, nil)
+			}
+			c.join(m.mode == 'A', old, data)
+			return true, nil
+		},
+		stored: func(notStored bool, cas uint64) (bool, error) {
+			if notStored {
+				return true, c.metaSetAnswer(m, metaCodeNotStore, nil)
+			}
+			return true, c.metaSetAnswer(m, metaCodeStored, strconv.AppendUint(c.scratch[:0], cas, 10))
+		},
+	})
 }
 
 // metaDelete answers md. A plain delete or invalidation reaches every
@@ -294,9 +271,8 @@ func (c *conn) metaDelete(w [][]byte) error {
 	if err != nil {
 		return c.upstreamError(cmdMetaDelete, srv, err)
 	}
-	r := &c.mst.rep
-	c.mst.up = append(c.mst.up[:0], line...)
-	if !r.parse(c.mst.up) {
+	r, ok := c.metaParse(line)
+	if !ok {
 		c.answer(cmdMetaDelete, line)
 		return nil
 	}

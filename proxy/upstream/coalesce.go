@@ -8,19 +8,6 @@ import (
 	"time"
 )
 
-// fetch sends the work of every call in batch, in order, in one write:
-// the keys of consecutive gets as one retrieval, commands as they are. It
-// hands each call its items or its reply line. A batch is counted once in
-// up, however many clients it served.
-func fetch(pool *rawPool, up *serverStats, r Retrieval, batch []*Call) {
-	began := time.Now()
-	err := pool.exchange(r, batch)
-	up.observe(began, err)
-	for _, c := range batch {
-		c.Err = err
-	}
-}
-
 // coalescer turns the requests that many clients send to one server at the
 // same time into few upstream writes and reads, without a goroutine of its
 // own: gets become multi-gets and commands are pipelined beside them. Up to
@@ -47,26 +34,55 @@ func newCoalescer(pool *rawPool, up *serverStats, leaders, maxKeys int) *coalesc
 
 // get fills call.Items and call.Err.
 func (co *coalescer) get(call *Call) {
-	co.mu.Lock()
-	if co.active < co.leaders {
-		co.active++
-		co.mu.Unlock()
-		co.lead(call)
+	if keys, lead := co.take(call); lead {
+		co.fetch(call, keys)
 		return
 	}
-	call.queued = time.Now()
-	co.waiting = append(co.waiting, call)
-	co.mu.Unlock()
 	if <-call.done == signalLead {
 		co.lead(call)
 	}
 }
 
-// lead fetches call's keys and those of the calls waiting behind it, then
-// passes leadership on to the next waiter or gives the slot back.
+// take makes call a leader, its batch gathered, when fewer than leaders
+// batches are in flight, and otherwise puts it in line. keys is how many
+// keys a leader's batch asks for.
+func (co *coalescer) take(call *Call) (keys int, lead bool) {
+	co.mu.Lock()
+	defer co.mu.Unlock()
+	if co.active >= co.leaders {
+		call.queued = time.Now()
+		co.waiting = append(co.waiting, call)
+		return 0, false
+	}
+	co.active++
+	return co.gather(call), true
+}
+
+// lead fetches, for a call handed the lead, its keys and those of the
+// calls waiting behind it.
 func (co *coalescer) lead(call *Call) {
+	co.mu.Lock()
 	keys := co.gather(call)
-	fetch(co.pool, co.up, co.r, call.batch)
+	co.mu.Unlock()
+	co.fetch(call, keys)
+}
+
+// fetch sends the work of every call of call's batch, in order, in one
+// write: the keys of consecutive gets as one retrieval, commands as they
+// are, and hands each call its items or its reply line.
+func (co *coalescer) fetch(call *Call, keys int) {
+	began := time.Now()
+	co.settle(call, began, co.pool.exchange(co.r, call.batch), keys)
+}
+
+// settle ends call's lead of a batch of keys keys that began at began and
+// ended with err: the batch is counted once, however many clients it
+// served, each of its calls gets err, and the lead is handed over.
+func (co *coalescer) settle(call *Call, began time.Time, err error, keys int) {
+	co.up.observe(began, err)
+	for _, c := range call.batch {
+		c.Err = err
+	}
 	co.handOver(call, keys)
 }
 
@@ -78,16 +94,11 @@ func (co *coalescer) lead(call *Call) {
 // writes to each before it reads from any, on its own goroutine, and
 // costs no goroutine per server.
 func (co *coalescer) begin(call *Call) bool {
-	co.mu.Lock()
-	if co.active >= co.leaders {
-		call.queued = time.Now()
-		co.waiting = append(co.waiting, call)
-		co.mu.Unlock()
+	keys, lead := co.take(call)
+	if !lead {
 		return false
 	}
-	co.active++
-	co.mu.Unlock()
-	call.led = co.gather(call)
+	call.led = keys
 	call.began = time.Now()
 	call.pend = co.pool.send(co.r, call.batch)
 	return true
@@ -105,19 +116,15 @@ func (co *coalescer) end(call *Call, led bool) {
 	}
 	err := co.pool.finish(co.r, call.batch, call.pend)
 	call.pend = pending{}
-	co.up.observe(call.began, err)
-	for _, c := range call.batch {
-		c.Err = err
-	}
-	co.handOver(call, call.led)
+	co.settle(call, call.began, err, call.led)
 }
 
-// gather makes call.batch: call, then the calls waiting in line while
-// their keys fit. It returns how many keys the batch asks for.
+// gather makes call.batch, with co.mu held: call, then the calls waiting
+// in line while their keys fit. It returns how many keys the batch asks
+// for.
 func (co *coalescer) gather(call *Call) int {
 	batch := append(call.batch[:0], call)
 	keys := len(call.Keys)
-	co.mu.Lock()
 	n := 0
 	// Waiters join in order while their keys fit; one whose keys would
 	// overflow the batch waits for the next, so a heavy request never
@@ -128,7 +135,6 @@ func (co *coalescer) gather(call *Call) int {
 		n++
 	}
 	co.waiting = co.waiting[n:]
-	co.mu.Unlock()
 	call.batch = batch
 	return keys
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -87,17 +86,13 @@ func newSendFirst(nc net.Conn) *sendFirst {
 }
 
 func (s *sendFirst) Read(p []byte) (int, error) {
-	out := s.out
 	if s.rc == nil {
-		if out != nil {
-			s.out = nil
-			if _, err := s.nc.Write(out); err != nil {
-				return 0, err
-			}
+		if err := s.writeNow(); err != nil {
+			return 0, err
 		}
 		return s.nc.Read(p)
 	}
-	s.p, s.n, s.err, s.sent = p, 0, nil, out == nil
+	s.p, s.n, s.err, s.sent = p, 0, nil, s.out == nil
 	err := s.rc.Read(s.turn)
 	s.p, s.out = nil, nil
 	if s.err != nil {
@@ -115,27 +110,19 @@ func (s *sendFirst) Read(p []byte) (int, error) {
 func (s *sendFirst) onReadable(fd uintptr) bool {
 	if !s.sent {
 		s.sent = true
-		s.err = s.send(int(fd))
+		s.err = s.writeNow()
 		return s.err != nil
 	}
-	for {
-		n, err := sockio.Read(int(fd), s.p)
-		switch {
-		case err == syscall.EINTR:
-			continue
-		case err == syscall.EAGAIN:
-			return false
-		case err != 0:
-			s.err = os.NewSyscallError("read", err)
-		case n == 0:
-			s.err = io.EOF
-		}
-		s.n = n
-		return true
+	n, again, err := sockio.Read(int(fd), s.p)
+	if again {
+		return false
 	}
+	s.n, s.err = n, err
+	return true
 }
 
-// writeNow writes the batch at once rather than as the first read begins.
+// writeNow writes the batch: at once, or as the first read begins. A
+// batch larger than the socket's send buffer waits for room.
 func (s *sendFirst) writeNow() error {
 	out := s.out
 	s.out = nil
@@ -148,28 +135,6 @@ func (s *sendFirst) writeNow() error {
 	}
 	_, err := s.w.WriteOne(out)
 	return err
-}
-
-// send writes the batch: raw writes while the socket takes it, and the
-// connection's own write, which waits for room, for a rest that did not
-// fit its send buffer.
-func (s *sendFirst) send(fd int) error {
-	out := s.out
-	for len(out) > 0 {
-		n, err := sockio.Write(fd, out)
-		switch err {
-		case 0:
-			out = out[n:]
-			continue
-		case syscall.EINTR:
-			continue
-		case syscall.EAGAIN:
-			_, werr := s.nc.Write(out)
-			return werr
-		}
-		return os.NewSyscallError("write", err)
-	}
-	return nil
 }
 
 var errUnexpectedReply = errors.New("unexpected reply from upstream")

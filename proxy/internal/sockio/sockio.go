@@ -5,6 +5,7 @@
 package sockio
 
 import (
+	"io"
 	"net"
 	"os"
 	"syscall"
@@ -42,16 +43,29 @@ func RawConnOf(nc net.Conn) syscall.RawConn {
 	return rc
 }
 
-// Read reads once from the non-blocking socket fd.
-func Read(fd int, b []byte) (int, syscall.Errno) {
+// Read reads once from the non-blocking socket fd, again after EINTR.
+// again reports EAGAIN: nothing to read yet, wait for the poller. An end
+// of stream is io.EOF.
+func Read(fd int, b []byte) (n int, again bool, err error) {
 	if len(b) == 0 {
-		return 0, 0
+		return 0, false, nil
 	}
-	n, _, e := syscall.RawSyscall(syscall.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
-	if e != 0 {
-		return 0, e
+	for {
+		r, _, e := syscall.RawSyscall(syscall.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		switch e {
+		case 0:
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return 0, true, nil
+		default:
+			return 0, false, os.NewSyscallError("read", e)
+		}
+		if r == 0 {
+			return 0, false, io.EOF
+		}
+		return int(r), false, nil
 	}
-	return int(n), 0
 }
 
 // iovMax is the most pieces one writev takes (Linux's IOV_MAX).
@@ -157,16 +171,4 @@ func (w *Writer) onWritable(fd uintptr) bool {
 		w.bufs = consume(w.bufs, n)
 	}
 	return true
-}
-
-// Write writes once, as much of b as the non-blocking socket fd takes.
-func Write(fd int, b []byte) (int, syscall.Errno) {
-	if len(b) == 0 {
-		return 0, 0
-	}
-	n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
-	if e != 0 {
-		return 0, e
-	}
-	return int(n), 0
 }
