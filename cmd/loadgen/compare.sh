@@ -35,6 +35,9 @@
 #     that setting in every load
 #   LOADGEN_ARGS []: more loadgen flags, passed as they are
 #   PROXY_ARGS []: more proxy flags, e.g. --upstream-timeout 1s
+#   PROXY_BIN []: measure this proxy binary (an older build, say) instead
+#     of building ./cmd/proxy; it must take --listen, --upstream,
+#     --metrics-listen and --log-level and answer /readyz
 #   QUIET_WAIT [5]: longest wait, in seconds, before each run for the
 #     machine to fall quiet (other work would skew the numbers)
 set -euo pipefail
@@ -47,6 +50,7 @@ SEED=${SEED:-1}
 MEMCACHED_THREADS=${MEMCACHED_THREADS:-2}
 LOADGEN_ARGS=${LOADGEN_ARGS:-}
 PROXY_ARGS=${PROXY_ARGS:-}
+PROXY_BIN=${PROXY_BIN:-}
 
 # The loads: connections, value size, get ratio, keys per get, servers.
 declare -A l_conns=([1]=32 [2]=32 [3]=8 [4]=32)
@@ -116,8 +120,14 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-echo "building proxy and loadgen in $work from $(git -C "$root" describe --always --dirty 2>/dev/null || echo "an unknown revision")"
-(cd "$root" && go build -o "$work/proxy" ./cmd/proxy && go build -o "$work/loadgen" ./cmd/loadgen)
+if [[ -n $PROXY_BIN ]]; then
+	echo "building loadgen in $work from $(git -C "$root" describe --always --dirty 2>/dev/null || echo "an unknown revision"); proxy: $PROXY_BIN"
+	cp "$PROXY_BIN" "$work/proxy"
+else
+	echo "building proxy and loadgen in $work from $(git -C "$root" describe --always --dirty 2>/dev/null || echo "an unknown revision")"
+	(cd "$root" && go build -o "$work/proxy" ./cmd/proxy)
+fi
+(cd "$root" && go build -o "$work/loadgen" ./cmd/loadgen)
 
 # free_port sets port to a loopback port that no socket uses and that this
 # script has not handed out before. A server that still loses the race
