@@ -90,6 +90,10 @@ type Config struct {
 	// per-tenant metrics; 0 turns the per-tenant view off. It needs Keys:
 	// the key schemes name the tenant of a key.
 	MetricsTenants int
+
+	// EventLoops > 0 serves clients on that many event loops (see
+	// loop.go) instead of a goroutine per connection.
+	EventLoops int
 }
 
 // Replies to a retrieval whose upstream failed, for --upstream-retrieval-failure.
@@ -132,6 +136,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.Var(&c.LocalCacheSize, "local-cache-size", "memory of the local tier, which serves values that never change (keys of a scheme marked immutable: block-scoped index-cache keys, byte ranges of block files) from the sidecar itself, counted as values, keys and bookkeeping (bytes, or with k/m/g suffix); 0 turns it off")
 	c.TLS.registerFlags(fs)
 	c.UpstreamTLS.registerFlags(fs)
+	fs.IntVar(&c.EventLoops, "event-loops", 0, "serve clients on this many event loops, each with its own upstream connections, instead of a goroutine per connection (experimental: get, gets and plain set stay on the loop, a connection that sends anything else moves to the goroutine path; not with TLS, zones or the local tier); 0: off")
 	fs.IntVar(&c.MetricsTenants, "metrics-tenants", 20, "busiest tenants with per-tenant metrics of their own (the rest are counted as \"other\"); 0: no per-tenant metrics")
 }
 
@@ -182,6 +187,10 @@ func (c *Config) Validate() error {
 		return errors.New("--metrics-tenants must be between 0 and 1000")
 	case c.EnvelopeAll && c.Codec == nil:
 		return errors.New("enveloping every value needs codec settings")
+	case c.EventLoops < 0 || c.EventLoops > 256:
+		return errors.New("--event-loops must be between 0 and 256")
+	case c.EventLoops > 0 && (c.LocalCacheSize > 0 || len(c.ZoneUpstreams) > 0 || c.UpstreamTLS.Enabled || c.TLS.CertPath != ""):
+		return errors.New("--event-loops does not work with the local tier, zones or TLS yet")
 	case c.LocalCacheSize > 0 && c.Keys == nil:
 		return errors.New("--local-cache-size needs the key schemes: they say which values never change")
 	case c.Keys != nil && c.Codec == nil:

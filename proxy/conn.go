@@ -83,6 +83,10 @@ type conn struct {
 	// mst is the state of meta commands, made by the first one: most
 	// connections never send one, and an idle connection stays small.
 	mst *metaState
+
+	// lc is the connection's state on an event loop (--event-loop); the
+	// goroutine path takes the connection over with adopt.
+	lc *loopClient
 }
 
 // metaState is what a connection keeps for the meta command being
@@ -114,16 +118,45 @@ type keyOwner struct {
 }
 
 func newConn(p *Proxy, nc net.Conn) *conn {
-	cc := &countingConn{Conn: nc, stats: p.stats, writeTimeout: p.cfg.IdleTimeout}
-	if rc := sockio.RawConnOf(nc); rc != nil {
-		cc.direct, cc.raw = true, sockio.NewWriter(rc)
-	}
-	c := &conn{p: p, nc: nc, cc: cc, id: p.connIDs.Add(1), accepted: time.Now().UnixNano()}
-	c.rd = newReader(cc, readBufferSize, int(p.cfg.MaxRequestLine), c.flush)
+	c := &conn{p: p, id: p.connIDs.Add(1), accepted: time.Now().UnixNano()}
+	c.attach(nc)
 	c.words = make([][]byte, 0, maxTokens)
 	c.cmd = upstream.NewCall()
 	c.useUpstreams()
 	return c
+}
+
+// attach makes nc the connection's socket, with a new reader.
+func (c *conn) attach(nc net.Conn) {
+	cc := &countingConn{Conn: nc, stats: c.p.stats, writeTimeout: c.p.cfg.IdleTimeout}
+	if rc := sockio.RawConnOf(nc); rc != nil {
+		cc.direct, cc.raw = true, sockio.NewWriter(rc)
+	}
+	c.nc, c.cc = nc, cc
+	c.rd = newReader(cc, readBufferSize, int(c.p.cfg.MaxRequestLine), c.flush)
+}
+
+// adopt takes over a connection from its event loop: nc is its socket
+// now, and prefix the bytes the loop read but did not handle.
+func (c *conn) adopt(nc net.Conn, prefix []byte) {
+	c.wakeMu.Lock()
+	c.attach(nc)
+	c.wakeMu.Unlock()
+	c.rd.prime(prefix)
+}
+
+// sock returns the connection's socket, which adopt may change.
+func (c *conn) sock() net.Conn {
+	c.wakeMu.Lock()
+	defer c.wakeMu.Unlock()
+	return c.nc
+}
+
+// closeNow closes the connection's socket, whichever it is now.
+func (c *conn) closeNow() {
+	c.wakeMu.Lock()
+	c.nc.Close()
+	c.wakeMu.Unlock()
 }
 
 // flush writes buffered replies. The reader calls it before any read that
@@ -328,10 +361,19 @@ func (c *conn) logClose(err error) {
 	switch {
 	case errors.Is(err, errQuit), errors.Is(err, errClientGone), errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), c.p.draining():
 	case errors.Is(err, errLineTooLong):
-		c.p.log.Warn("client connection closed", "remote", c.nc.RemoteAddr().String(), "err", err)
+		c.p.log.Warn("client connection closed", "remote", remoteOf(c.nc), "err", err)
 	default:
-		c.p.log.Debug("client connection closed", "remote", c.nc.RemoteAddr().String(), "err", err)
+		c.p.log.Debug("client connection closed", "remote", remoteOf(c.nc), "err", err)
 	}
+}
+
+// remoteOf names the client at the other end of nc. A socket an event loop
+// handed over may no longer know it once the client is gone.
+func remoteOf(nc net.Conn) string {
+	if a := nc.RemoteAddr(); a != nil {
+		return a.String()
+	}
+	return ""
 }
 
 // shrink lets go of per-request buffers that one unusually large request
@@ -414,17 +456,7 @@ func (c *conn) replyNumber(n uint64) {
 // stays unchanged until the replies are flushed (a value read from
 // upstream, in its call's arena) is marked stable and is not copied.
 func (c *conn) writeValue(key string, flags uint32, cas uint64, value []byte, withCAS, stable bool) {
-	b := append(c.scratch[:0], replyValue...)
-	b = append(b, key...)
-	b = append(b, ' ')
-	b = strconv.AppendUint(b, uint64(flags), 10)
-	b = append(b, ' ')
-	b = strconv.AppendUint(b, uint64(len(value)), 10)
-	if withCAS {
-		b = append(b, ' ')
-		b = strconv.AppendUint(b, cas, 10)
-	}
-	b = append(b, crlf...)
+	b := appendValueHeader(c.scratch[:0], key, flags, len(value), cas, withCAS)
 	c.scratch = b
 	c.wr.Write(b)
 	if stable {
@@ -433,6 +465,21 @@ func (c *conn) writeValue(key string, flags uint32, cas uint64, value []byte, wi
 		c.wr.Write(value)
 	}
 	c.wr.Write(crlf)
+}
+
+// appendValueHeader appends "VALUE <key> <flags> <bytes>[ <cas>]\r\n".
+func appendValueHeader(b []byte, key string, flags uint32, size int, cas uint64, withCAS bool) []byte {
+	b = append(b, replyValue...)
+	b = append(b, key...)
+	b = append(b, ' ')
+	b = strconv.AppendUint(b, uint64(flags), 10)
+	b = append(b, ' ')
+	b = strconv.AppendUint(b, uint64(size), 10)
+	if withCAS {
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, cas, 10)
+	}
+	return append(b, crlf...)
 }
 
 // send runs one command on srv, pipelined with other clients' requests,

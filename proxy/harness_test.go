@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -190,6 +191,11 @@ func freePort(tb testing.TB) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
+// loopSuite runs every test whose proxy can use an event loop on one
+// (MCSIDECAR_TEST_EVENT_LOOPS=1), so that the whole suite checks the
+// event-loop path as well.
+var loopSuite = os.Getenv("MCSIDECAR_TEST_EVENT_LOOPS") == "1"
+
 // testConfig is the default configuration pointed at upstreams.
 func testConfig(upstreams ...string) Config {
 	return Config{
@@ -227,6 +233,9 @@ func serveProxy(tb testing.TB, cfg Config) (*Proxy, string, <-chan error) {
 // serveProxyLog is serveProxy with the proxy logging to log.
 func serveProxyLog(tb testing.TB, cfg Config, log *slog.Logger) (*Proxy, string, <-chan error) {
 	tb.Helper()
+	if loopSuite && cfg.EventLoops == 0 && cfg.LocalCacheSize == 0 && len(cfg.ZoneUpstreams) == 0 && !cfg.UpstreamTLS.Enabled && cfg.TLS.CertPath == "" {
+		cfg.EventLoops = 1
+	}
 	p, err := New(cfg, "mcsidecar-test", log)
 	if err != nil {
 		tb.Fatal(err)

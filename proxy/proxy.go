@@ -52,6 +52,7 @@ type Proxy struct {
 	listeners []net.Listener
 	conns     map[*conn]struct{}
 	wg        sync.WaitGroup
+	loops     *eventLoops // nil: a goroutine per connection
 }
 
 // New validates cfg and builds a proxy over its upstream servers. No
@@ -164,6 +165,14 @@ func (p *Proxy) Serve(ln net.Listener) error {
 		return nil
 	}
 	p.listeners = append(p.listeners, ln)
+	if p.cfg.EventLoops > 0 && p.loops == nil {
+		loops, err := newEventLoops(p)
+		if err != nil {
+			p.mu.Unlock()
+			return err
+		}
+		p.loops = loops
+	}
 	p.mu.Unlock()
 	var backoff time.Duration
 	for {
@@ -192,6 +201,14 @@ func (p *Proxy) Serve(ln net.Listener) error {
 		c := newConn(p, nc)
 		if !p.track(c) {
 			nc.Close()
+			continue
+		}
+		if p.loops != nil {
+			if err := p.loops.enroll(c); err != nil {
+				p.log.Warn("event loop refused a connection", "err", err)
+				nc.Close()
+				p.untrack(c)
+			}
 			continue
 		}
 		go func() {
@@ -256,15 +273,26 @@ wait:
 			// and the last one out closes the upstream pools.
 			p.mu.Lock()
 			for c := range p.conns {
-				c.nc.Close()
+				c.closeNow()
 			}
+			loops := p.loops
 			p.mu.Unlock()
 			go func() {
+				if loops != nil {
+					loops.abandon.Store(true)
+					loops.close() // closes the connections still on a loop
+				}
 				<-done
 				p.closeServers()
 			}()
 			return ctx.Err()
 		}
+	}
+	p.mu.Lock()
+	loops := p.loops
+	p.mu.Unlock()
+	if loops != nil {
+		loops.close()
 	}
 	p.closeServers()
 	return nil

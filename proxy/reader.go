@@ -64,6 +64,9 @@ type reader struct {
 	// short records that the last read did not fill the free space: the
 	// socket had nothing more to give at that moment.
 	short bool
+	// primed says the buffer holds bytes read elsewhere (see prime): the
+	// next fill returns at once so that they are handled first.
+	primed bool
 }
 
 func newReader(src io.Reader, size, max int, flush func() error) *reader {
@@ -160,11 +163,28 @@ func isRetrievalPrefix(data []byte) bool {
 	return bytes.HasPrefix(rest, []byte("get ")) || bytes.HasPrefix(rest, []byte("gets "))
 }
 
+// prime puts bytes read elsewhere (by an event loop) before whatever the
+// client sends next.
+func (rd *reader) prime(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	if len(b) > len(rd.buf) {
+		rd.buf = make([]byte, max(rd.size, len(b)))
+	}
+	rd.r, rd.w = 0, copy(rd.buf, b)
+	rd.primed = true
+}
+
 // fill reads more bytes from the client, making room first: consumed bytes
 // are dropped, and a buffer full of one unfinished line grows up to max.
 func (rd *reader) fill() error {
 	if rd.err != nil {
 		return rd.err
+	}
+	if rd.primed {
+		rd.primed = false
+		return nil
 	}
 	if rd.parked() {
 		if rd.r < rd.w || rd.ready {

@@ -132,8 +132,9 @@ func (p *Proxy) appendConns(dst []byte) []byte {
 	sortConns(conns)
 	for _, c := range conns {
 		n := strconv.FormatUint(c.id, 10) + ":"
-		b.str(n+"addr", connAddr(c.nc.RemoteAddr()))
-		b.str(n+"listen_addr", connAddr(c.nc.LocalAddr()))
+		nc := c.sock()
+		b.str(n+"addr", connAddr(nc.RemoteAddr()))
+		b.str(n+"listen_addr", connAddr(nc.LocalAddr()))
 		state := "conn_waiting"
 		if c.busy.Load() {
 			state = "conn_parse_cmd"

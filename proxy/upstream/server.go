@@ -113,6 +113,26 @@ func (s *Server) Finish(r Retrieval, call *Call) {
 // with err, for a request made without Get, Begin or Send.
 func (s *Server) Observe(start time.Time, err error) { s.up.observe(start, err) }
 
+// Admit returns the error a request to an ejected server fails with, or
+// nil while the server takes requests.
+func (s *Server) Admit() error { return s.health.admit() }
+
+// Record counts one request made on a connection of the caller's own (an
+// event loop's) that began at start and ended with err: in the server's
+// statistics and in its health, which ejects the server at the failure
+// limit. A request refused by Admit is counted with Observe instead.
+func (s *Server) Record(start time.Time, err error) {
+	s.up.observe(start, err)
+	s.health.observe(err)
+}
+
+// CountGet counts one get request of keys keys sent on a connection of the
+// caller's own.
+func (s *Server) CountGet(keys int) {
+	s.up.all.Gets.Add(1)
+	s.up.all.GetKeys.Add(uint64(keys))
+}
+
 // CountServerError counts a SERVER_ERROR reply to one command that was
 // otherwise answered.
 func (s *Server) CountServerError() { s.up.serverError() }

@@ -172,3 +172,25 @@ func (w *Writer) onWritable(fd uintptr) bool {
 	}
 	return true
 }
+
+// WriteSome writes as much of bufs as the non-blocking socket fd takes now,
+// without waiting, and returns what is left (bufs itself, consumed from
+// the front) and how many bytes went. iov is scratch, returned for reuse.
+func WriteSome(fd int, bufs [][]byte, iov []syscall.Iovec) (rest [][]byte, n int, _ []syscall.Iovec, err error) {
+	for len(bufs) > 0 {
+		m, v, e := writevRaw(fd, bufs, iov)
+		iov = v
+		switch e {
+		case 0:
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return bufs, n, iov, nil
+		default:
+			return bufs, n, iov, os.NewSyscallError("writev", e)
+		}
+		n += m
+		bufs = consume(bufs, m)
+	}
+	return bufs, n, iov, nil
+}

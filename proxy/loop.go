@@ -1,0 +1,1171 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"github.com/panjf2000/gnet/v2/pkg/logging"
+
+	"mcsidecar/codec"
+	"mcsidecar/proxy/internal/sockio"
+	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/upstream"
+)
+
+// The event-loop data path (--event-loop).
+//
+// Each gnet event loop owns its client connections and, per upstream
+// server, one connection of its own. A request is read, sent upstream,
+// answered and written on the loop's thread: it never waits in a
+// goroutine, so it costs no scheduling. Requests of all the loop's clients
+// to one server go out in one write while the previous batch's replies
+// are read (one batch in flight per connection), and replies come back in
+// order.
+//
+// The loop answers the commands store-gateways send all day: get and gets
+// of keys that need no rewrite, and set of values that are not enveloped.
+// At the first command it does not answer, the connection is handed, with
+// the bytes it has not read yet and the replies still owed, to the
+// goroutine path, which answers everything.
+
+// loopTick is how often each loop checks its upstream deadlines, idle
+// clients and a shutdown.
+const loopTick = 10 * time.Millisecond
+
+// loopMaxSlots is how many replies one client may owe before the loop
+// stops reading its requests until some are written.
+const loopMaxSlots = 256
+
+// eventLoops runs the gnet loops of a proxy.
+type eventLoops struct {
+	gnet.BuiltinEventEngine
+	p    *Proxy
+	cli  *gnet.Client
+	stop chan struct{}
+	done chan struct{}
+	once sync.Once
+	// abandon: Shutdown's grace ran out, and the replies still owed are
+	// not written.
+	abandon atomic.Bool
+	// handovers counts connections moved to the goroutine path.
+	handovers atomic.Uint64
+
+	mu    sync.Mutex
+	loops map[gnet.EventLoop]*loopState
+}
+
+// loopState is what one loop owns, with the free lists that let a steady
+// stream of requests allocate little: only the loop's thread touches it.
+type loopState struct {
+	l       *eventLoops
+	el      gnet.EventLoop
+	ups     map[*upstream.Server]*loopUpstream
+	clients map[*loopClient]struct{}
+	slots   []*loopSlot
+	reqs    []*loopReq
+	bufs    [][]byte
+}
+
+// loopClient is one client connection on a loop.
+type loopClient struct {
+	c     *conn
+	gc    gnet.Conn
+	ls    *loopState
+	slots []*loopSlot // replies owed, in request order
+	// handoff asks OnClose to hand the connection to the goroutine path;
+	// closing marks a close the loop asked for itself.
+	handoff, closing bool
+	hangUp           bool // the command handed over is an HTTP request
+	inProcess        bool // process is running: a reply written meanwhile must not start it again
+	unread           int  // bytes buffered that were already counted
+	last             time.Time
+	hand             *handover // replies owed to a connection handed over
+	iov              []syscall.Iovec
+}
+
+// loopSlot is one reply owed to a client: ready when no request of it is
+// pending upstream.
+type loopSlot struct {
+	client  *loopClient
+	id      int
+	noreply bool
+	began   time.Time
+	pending int
+	out     [][]byte // the reply, once ready
+	line    []byte   // a copy of a storage command's reply line
+	// A retrieval's keys, back to back in keys and ending at ends[i],
+	// where each one's answer is, and its requests, one per server.
+	keys   []byte
+	ends   []int
+	owners []loopOwner
+	reqs   []*loopReq
+	seen   map[string]int // owner of each key, in a retrieval of many
+	err    error          // the first failed request's error
+	// A set's server, and its tenant and value size, for the bytes
+	// written per tenant.
+	srv    *upstream.Server
+	tenant *tenantCounters
+	size   int
+}
+
+// named returns the owner of the first key equal to k among the n keys
+// of a retrieval whose first i are in s, or -1. A short retrieval scans
+// them; a long one keeps a map.
+func (s *loopSlot) named(k []byte, i, n int) int {
+	if n > seenScanMax {
+		if s.seen == nil {
+			s.seen = make(map[string]int)
+		}
+		if o, ok := s.seen[string(k)]; ok {
+			return o
+		}
+		s.seen[string(k)] = i
+		return -1
+	}
+	for j := range i {
+		if s.owners[j].first == 0 && bytes.Equal(s.key(j), k) {
+			return j
+		}
+	}
+	return -1
+}
+
+// key returns the slot's i-th key.
+func (s *loopSlot) key(i int) []byte {
+	start := 0
+	if i > 0 {
+		start = s.ends[i-1]
+	}
+	return s.keys[start:s.ends[i]]
+}
+
+// loopOwner is where one requested key's answer is: a VALUE block in its
+// request's reply, or nil for a miss.
+type loopOwner struct {
+	first  int // 1 + the owner of the same key named earlier; 0: none
+	block  []byte
+	flags  uint32
+	size   int
+	cas    uint64
+	hasCAS bool
+	tenant *tenantCounters
+}
+
+// loopReq is one request on an upstream connection: a server's share of a
+// retrieval, a storage command, or a delete whose reply nobody waits for.
+type loopReq struct {
+	slot  *loopSlot
+	store bool
+	drop  bool
+	began time.Time
+	asked []int  // owner indexes, in the order the keys were asked
+	buf   []byte // the reply, which the owners' blocks point into
+}
+
+// loopUpstream is one loop's connection to one server.
+type loopUpstream struct {
+	ls      *loopState
+	srv     *upstream.Server
+	gc      gnet.Conn
+	dialing bool
+	out     []byte     // requests not written yet
+	q       []*loopReq // requests in order; the first sent are written
+	sent    int
+	scan    replyScan
+}
+
+// Free lists: what a finished request gives back, bounded so that a burst
+// does not stay allocated.
+const (
+	loopFreeMax  = 1024
+	loopBufLimit = 1 << 20
+)
+
+func (ls *loopState) slot(lc *loopClient, id int) *loopSlot {
+	var s *loopSlot
+	if n := len(ls.slots); n > 0 {
+		s = ls.slots[n-1]
+		ls.slots = ls.slots[:n-1]
+	} else {
+		s = &loopSlot{}
+	}
+	s.client, s.id, s.began = lc, id, time.Now()
+	return s
+}
+
+func (ls *loopState) req(s *loopSlot) *loopReq {
+	var r *loopReq
+	if n := len(ls.reqs); n > 0 {
+		r = ls.reqs[n-1]
+		ls.reqs = ls.reqs[:n-1]
+	} else {
+		r = &loopReq{}
+	}
+	r.slot, r.began = s, s.began
+	return r
+}
+
+func (ls *loopState) buf() []byte {
+	if n := len(ls.bufs); n > 0 {
+		b := ls.bufs[n-1]
+		ls.bufs = ls.bufs[:n-1]
+		return b
+	}
+	return nil
+}
+
+func (ls *loopState) putBuf(b []byte) {
+	if cap(b) > 0 && cap(b) <= loopBufLimit && len(ls.bufs) < loopFreeMax {
+		ls.bufs = append(ls.bufs, b[:0])
+	}
+}
+
+func (ls *loopState) putReq(r *loopReq) {
+	ls.putBuf(r.buf)
+	*r = loopReq{asked: r.asked[:0]}
+	if len(ls.reqs) < loopFreeMax {
+		ls.reqs = append(ls.reqs, r)
+	}
+}
+
+// putSlot gives back a slot whose reply is written, with its requests.
+func (ls *loopState) putSlot(s *loopSlot) {
+	for _, r := range s.reqs {
+		ls.putReq(r)
+	}
+	clear(s.out)
+	clear(s.owners)
+	clear(s.reqs)
+	*s = loopSlot{out: s.out[:0], line: s.line[:0], keys: s.keys[:0], ends: s.ends[:0], owners: s.owners[:0], reqs: s.reqs[:0], seen: s.seen}
+	if len(ls.slots) < loopFreeMax {
+		ls.slots = append(ls.slots, s)
+	}
+}
+
+func newEventLoops(p *Proxy) (*eventLoops, error) {
+	l := &eventLoops{p: p, stop: make(chan struct{}), done: make(chan struct{}), loops: make(map[gnet.EventLoop]*loopState)}
+	cli, err := gnet.NewClient(l, gnet.WithMulticore(true), gnet.WithNumEventLoop(p.cfg.EventLoops),
+		gnet.WithTCPNoDelay(gnet.TCPNoDelay), gnet.WithLogger(gnetLog{p.log}), gnet.WithLogLevel(logging.ErrorLevel))
+	if err != nil {
+		return nil, err
+	}
+	if err := cli.Start(); err != nil {
+		return nil, err
+	}
+	l.cli = cli
+	go l.tick()
+	return l, nil
+}
+
+// gnetLog passes gnet's errors to the proxy's log and drops the rest.
+type gnetLog struct{ log *slog.Logger }
+
+func (gnetLog) Debugf(string, ...any) {}
+func (gnetLog) Infof(string, ...any)  {}
+func (gnetLog) Warnf(string, ...any)  {}
+func (g gnetLog) Errorf(format string, args ...any) {
+	g.log.Error("event loop: " + fmt.Sprintf(format, args...))
+}
+func (g gnetLog) Fatalf(format string, args ...any) {
+	g.log.Error("event loop: " + fmt.Sprintf(format, args...))
+}
+
+// tick runs each loop's checks every loopTick until close.
+func (l *eventLoops) tick() {
+	defer close(l.done)
+	t := time.NewTicker(loopTick)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-t.C:
+		}
+		l.mu.Lock()
+		for el, ls := range l.loops {
+			el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+				ls.check(time.Now())
+				return nil
+			}))
+		}
+		l.mu.Unlock()
+	}
+}
+
+// close stops the loops; connections still on them are closed.
+func (l *eventLoops) close() {
+	l.once.Do(func() {
+		close(l.stop)
+		<-l.done
+		l.cli.Stop()
+	})
+}
+
+// enroll moves an accepted connection onto a loop.
+func (l *eventLoops) enroll(c *conn) error {
+	lc := &loopClient{c: c, last: time.Now()}
+	c.lc = lc
+	_, err := l.cli.EnrollContext(c.nc, lc)
+	return err
+}
+
+func (l *eventLoops) state(el gnet.EventLoop) *loopState {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ls := l.loops[el]
+	if ls == nil {
+		ls = &loopState{l: l, el: el, ups: make(map[*upstream.Server]*loopUpstream), clients: make(map[*loopClient]struct{})}
+		l.loops[el] = ls
+	}
+	return ls
+}
+
+func (l *eventLoops) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
+	switch x := gc.Context().(type) {
+	case *loopClient:
+		x.gc = gc
+		x.ls = l.state(gc.EventLoop())
+		x.ls.clients[x] = struct{}{}
+	case *loopUpstream:
+		x.gc, x.dialing = gc, false
+		x.flush()
+	}
+	return nil, gnet.None
+}
+
+func (l *eventLoops) OnTraffic(gc gnet.Conn) gnet.Action {
+	switch x := gc.Context().(type) {
+	case *loopClient:
+		return x.traffic()
+	case *loopUpstream:
+		x.replies()
+	}
+	return gnet.None
+}
+
+func (l *eventLoops) OnClose(gc gnet.Conn, err error) gnet.Action {
+	switch x := gc.Context().(type) {
+	case *loopClient:
+		x.closed(err)
+	case *loopUpstream:
+		if x.gc == gc {
+			x.gc = nil
+			if err == nil {
+				err = net.ErrClosed
+			}
+			x.fail(err)
+		}
+	}
+	return gnet.None
+}
+
+// check times out upstream requests, closes idle clients, and closes
+// clients with nothing owed once the proxy is draining.
+func (ls *loopState) check(now time.Time) {
+	p := ls.l.p
+	for srv, u := range ls.ups {
+		switch {
+		case srv.Closed() && len(u.q) == 0:
+			// Discovery took the server out of the set, and what was
+			// asked of it before is answered.
+			u.abort(net.ErrClosed)
+			delete(ls.ups, srv)
+		case u.sent > 0 && now.Sub(u.q[0].began) > p.cfg.Timeout:
+			// The oldest request written was not answered in time: the
+			// timeout bounds every upstream request, however its reply
+			// trickles in.
+			u.abort(errLoopTimeout)
+		}
+	}
+	idle := p.cfg.IdleTimeout
+	for lc := range ls.clients {
+		switch {
+		case len(lc.slots) > 0:
+		case lc.handoff:
+			if lc.gc.OutboundBuffered() == 0 {
+				ls.el.Close(lc.gc)
+			}
+		case p.draining():
+			lc.closing = true
+			ls.el.Close(lc.gc)
+		case idle > 0 && now.Sub(lc.last) > idle:
+			// No request completed for that long (bytes that make none
+			// do not count), as on the goroutine path.
+			p.stats.connsIdleClosed.Add(1)
+			lc.closing = true
+			ls.el.Close(lc.gc)
+		}
+	}
+}
+
+// errLoopTimeout is an upstream that did not answer within --upstream-timeout.
+var errLoopTimeout error = loopTimeoutError{}
+
+type loopTimeoutError struct{}
+
+func (loopTimeoutError) Error() string   { return "upstream timeout" }
+func (loopTimeoutError) Timeout() bool   { return true }
+func (loopTimeoutError) Temporary() bool { return true }
+
+// traffic handles every request that has arrived whole.
+func (lc *loopClient) traffic() gnet.Action {
+	n := lc.gc.InboundBuffered()
+	if n > lc.unread {
+		lc.c.p.stats.bytesRead.Add(uint64(n - lc.unread))
+	}
+	lc.process()
+	lc.unread = lc.gc.InboundBuffered()
+	if lc.handoff && len(lc.slots) == 0 && lc.gc.OutboundBuffered() == 0 {
+		return gnet.Close
+	}
+	return gnet.None
+}
+
+// process answers the whole requests buffered, until it meets one it
+// hands over.
+func (lc *loopClient) process() {
+	if lc.handoff || lc.inProcess {
+		return
+	}
+	lc.inProcess = true
+	defer func() { lc.inProcess = false }()
+	data, _ := lc.gc.Peek(-1)
+	off := 0
+	first := len(lc.slots) // the replies to this read
+	for off < len(data) && len(lc.slots) < loopMaxSlots {
+		n, ok := lc.request(data[off:])
+		if !ok {
+			lc.handoff = true
+			if lc.hangUp {
+				// memcached hangs up on an HTTP request without sending
+				// the replies to the commands read with it.
+				for _, s := range lc.slots[first:] {
+					s.noreply = true
+				}
+			}
+			break
+		}
+		if n == 0 {
+			break // wants more bytes
+		}
+		off += n
+	}
+	if off > 0 {
+		lc.gc.Discard(off)
+		lc.last = time.Now()
+	}
+	for _, u := range lc.ls.ups {
+		u.flush()
+	}
+}
+
+// request answers the request at the start of data, or leaves it: it
+// returns how many bytes it took (0: it needs more) and false for a
+// request the loop does not answer.
+func (lc *loopClient) request(data []byte) (int, bool) {
+	c := lc.c
+	i := bytes.IndexByte(data, '\n')
+	if i < 0 {
+		return 0, len(data) <= lineLimit
+	}
+	line := data[:i]
+	if len(line) == 0 || line[len(line)-1] != '\r' || bytes.IndexByte(line, 0) >= 0 {
+		return 0, false
+	}
+	cmd, words, v := parseLine(c.words, line[:len(line)-1])
+	c.words = words
+	if v != verdictRun {
+		lc.hangUp = v == verdictClose
+		return 0, false
+	}
+	switch cmd.id {
+	case cmdGet, cmdGets:
+		return i + 1, lc.retrieve(cmd.id, words[1:])
+	case cmdSet:
+		return lc.set(words, data, i+1)
+	}
+	return 0, false
+}
+
+// plainKey reports whether the loop may forward key as it is: valid, and
+// neither rewritten nor refused. Nothing is counted: a key it declines is
+// handled, and counted, by the goroutine path.
+func (lc *loopClient) plainKey(key []byte) bool {
+	ks := lc.c.p.keys
+	if ks == nil {
+		return len(key) <= keyMaxLength && forwardable(key)
+	}
+	ok, _ := ks.Check(key)
+	return ok && !ks.NeedsRewrite(key)
+}
+
+// retrieve sends a get or gets to the servers of its keys, one request
+// per server.
+func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
+	c := lc.c
+	for _, k := range keys {
+		if !lc.plainKey(k) {
+			return false
+		}
+	}
+	up := c.p.zones[0].up.Load()
+	ls := lc.ls
+	s := ls.slot(lc, id)
+	var ups [4]*loopUpstream // each request's server; more than four are rare
+	reqUps := ups[:0]
+	for i, k := range keys {
+		rk := c.resolve(k, needTenant)
+		tenant := c.p.tenants.counters(rk.tenant)
+		// A key named again is fetched once and answered as often as it
+		// was named, as memcached does.
+		if first := s.named(k, i, len(keys)); first >= 0 {
+			s.keys = append(s.keys, k...)
+			s.ends = append(s.ends, len(s.keys))
+			s.owners = append(s.owners, loopOwner{first: first + 1, tenant: tenant})
+			continue
+		}
+		u := ls.upstream(up.Servers[up.Pick(string(k), c.p.cfg.EjectRehash)])
+		ri := 0
+		for ri < len(reqUps) && reqUps[ri] != u {
+			ri++
+		}
+		if ri == len(reqUps) {
+			reqUps = append(reqUps, u)
+			s.reqs = append(s.reqs, ls.req(s))
+		}
+		r := s.reqs[ri]
+		r.asked = append(r.asked, len(s.owners))
+		s.keys = append(s.keys, k...)
+		s.ends = append(s.ends, len(s.keys))
+		s.owners = append(s.owners, loopOwner{tenant: tenant})
+	}
+	clear(s.seen)
+	lc.slots = append(lc.slots, s)
+	c.lastCmd.Store(s.began.UnixNano())
+	s.pending = len(reqUps)
+	verb := "get"
+	if id == cmdGets {
+		verb = "gets"
+	}
+	for ri, u := range reqUps {
+		r := s.reqs[ri]
+		if err := u.srv.Admit(); err != nil {
+			u.srv.Observe(r.began, err)
+			r.done(nil, err)
+			continue
+		}
+		u.out = append(u.out, verb...)
+		for _, o := range r.asked {
+			u.out = append(u.out, ' ')
+			u.out = append(u.out, s.key(o)...)
+		}
+		u.out = append(u.out, crlf...)
+		u.q = append(u.q, r)
+		u.srv.CountGet(len(r.asked))
+	}
+	return true
+}
+
+// set sends a set whose value is stored as it is.
+func (lc *loopClient) set(words [][]byte, data []byte, lineLen int) (int, bool) {
+	c := lc.c
+	a := parseStoreArgs(words, false)
+	if !a.ok || !lc.plainKey(a.key) || c.envelopes(a.key, a.flags) || a.vlen > int(c.p.cfg.MaxItemSize) {
+		return 0, false
+	}
+	total := lineLen + a.vlen + 2
+	if len(data) < total {
+		return 0, true
+	}
+	if !bytes.HasSuffix(data[:total], crlf) {
+		return 0, false
+	}
+	st := c.p.stats
+	st.cmdSet.Add(1)
+	rk := c.resolve(a.key, needTenant)
+	tenant := c.p.tenants.counters(rk.tenant)
+	if tenant != nil {
+		tenant.requests.Add(1)
+	}
+	up := c.p.zones[0].up.Load()
+	u := lc.ls.upstream(up.Servers[up.Pick(string(a.key), c.p.cfg.EjectRehash)])
+	s := lc.ls.slot(lc, cmdSet)
+	s.noreply, s.pending, s.srv, s.tenant, s.size = a.noreply, 1, u.srv, tenant, a.vlen
+	lc.slots = append(lc.slots, s)
+	c.lastCmd.Store(s.began.UnixNano())
+	r := lc.ls.req(s)
+	r.store = true
+	s.reqs = append(s.reqs, r)
+	if err := u.srv.Admit(); err != nil {
+		u.srv.Observe(r.began, err)
+		r.done(nil, err)
+		return total, true
+	}
+	u.out = appendStorage(u.out, "set", string(a.key), a.flags, a.exptime, a.vlen, 0, false)
+	u.out = append(u.out, data[lineLen:total]...)
+	u.q = append(u.q, r)
+	return total, true
+}
+
+// upstream returns the loop's connection to srv, made when first needed.
+func (ls *loopState) upstream(srv *upstream.Server) *loopUpstream {
+	u := ls.ups[srv]
+	if u == nil {
+		u = &loopUpstream{ls: ls, srv: srv}
+		ls.ups[srv] = u
+	}
+	return u
+}
+
+// flush writes the requests waiting when no batch is in flight, dialling
+// first if the loop has no connection to the server.
+func (u *loopUpstream) flush() {
+	if len(u.q) == u.sent || u.sent > 0 {
+		return
+	}
+	if u.gc == nil {
+		u.dial()
+		return
+	}
+	now := time.Now()
+	for _, r := range u.q {
+		r.began = now // the upstream timeout runs from here
+	}
+	u.sent = len(u.q)
+	u.gc.Write(u.out) // an error closes the connection, and OnClose fails the batch
+	u.out = u.out[:0]
+}
+
+func (u *loopUpstream) dial() {
+	if u.dialing {
+		return
+	}
+	u.dialing = true
+	p, el := u.ls.l.p, u.ls.el
+	network, addr := "tcp", u.srv.Name()
+	if path, ok := cutUnix(addr); ok {
+		network, addr = "unix", path
+	}
+	go func() {
+		nc, err := net.DialTimeout(network, addr, p.cfg.ConnectTimeout)
+		if err == nil {
+			var res <-chan gnet.RegisteredResult
+			res, err = el.Enroll(gnet.NewContext(context.Background(), u), nc)
+			if err == nil {
+				if r := <-res; r.Err != nil {
+					err = r.Err
+				}
+			} else {
+				nc.Close()
+			}
+		}
+		if err != nil {
+			el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+				u.dialing = false
+				u.fail(err)
+				return nil
+			}))
+		}
+	}()
+}
+
+// abort closes the connection on err and fails what is queued.
+func (u *loopUpstream) abort(err error) {
+	if gc := u.gc; gc != nil {
+		u.gc = nil
+		u.ls.el.Close(gc)
+	}
+	u.fail(err)
+}
+
+// fail answers every queued request with err, counted once against the
+// server.
+func (u *loopUpstream) fail(err error) {
+	if len(u.q) == 0 {
+		return
+	}
+	u.srv.Record(u.q[0].began, err)
+	q := u.q
+	u.q, u.sent, u.out = nil, 0, u.out[:0]
+	u.scan = replyScan{}
+	for _, r := range q {
+		if r.drop {
+			u.ls.putReq(r)
+		} else {
+			r.done(nil, err)
+		}
+	}
+}
+
+// replies reads the replies that have arrived, in order, and sends the
+// next batch once the last one is answered.
+func (u *loopUpstream) replies() {
+	data, _ := u.gc.Peek(-1)
+	off := 0
+	for u.sent > 0 && off < len(data) {
+		r := u.q[0]
+		if u.scan.acc == nil {
+			u.scan.acc = u.ls.buf()
+		}
+		n, whole, bad := u.scan.feed(data[off:], !r.store)
+		off += n
+		if bad {
+			u.abort(errLoopProtocol)
+			return
+		}
+		if !whole {
+			break
+		}
+		reply := u.scan.acc
+		var err error
+		if !r.store && !bytes.HasSuffix(reply, replyEnd) {
+			// A retrieval answered by one line other than END: memcached's
+			// own error, whose keys are misses, or a reply out of step.
+			if !bytes.HasPrefix(reply, []byte("SERVER_ERROR ")) && !bytes.HasPrefix(reply, []byte("CLIENT_ERROR ")) {
+				u.abort(errLoopProtocol)
+				return
+			}
+			err = fmt.Errorf("get: memcached replied: %q", reply)
+		}
+		u.q[0] = nil
+		u.q = u.q[1:]
+		u.sent--
+		u.srv.Record(r.began, err)
+		if err != nil {
+			u.scan.reset()
+			r.done(nil, err)
+			continue
+		}
+		switch {
+		case r.drop:
+			if bytes.Equal(reply, replyDeleted) {
+				u.ls.l.p.stats.codecDeleted.Add(1)
+			}
+			u.ls.putReq(r)
+			u.scan.reset()
+		case r.store:
+			r.done(reply, nil)
+			u.scan.reset()
+		default:
+			u.scan = replyScan{} // the request keeps the buffer
+			r.done(reply, nil)
+		}
+	}
+	if off > 0 {
+		u.gc.Discard(off)
+	}
+	if len(u.q) == 0 {
+		u.q = u.q[:0:0]
+	}
+	u.flush()
+}
+
+var errLoopProtocol = errors.New("upstream reply out of step")
+
+// done records the reply (or err) of one request. A retrieval's request
+// keeps reply, which its owners' blocks point into.
+func (r *loopReq) done(reply []byte, err error) {
+	s := r.slot
+	if r.store {
+		s.stored(reply, err)
+		return
+	}
+	if err != nil {
+		if s.err == nil {
+			s.err = err
+		}
+	} else {
+		r.buf = reply
+		s.match(r)
+	}
+	if s.pending--; s.pending == 0 {
+		s.answer()
+		s.client.written()
+	}
+}
+
+// stored answers a set with memcached's reply line, or err.
+func (s *loopSlot) stored(reply []byte, err error) {
+	st := s.client.c.p.stats
+	if err != nil {
+		line, oc := upstreamReply(err)
+		st.record(s.id, oc)
+		s.out = append(s.out, line)
+	} else {
+		oc := replyOutcome(reply)
+		st.record(s.id, oc)
+		if isServerError(reply) {
+			s.srv.CountServerError()
+		}
+		if oc == outcomeStored && s.tenant != nil {
+			s.tenant.written.Add(uint64(s.size))
+		}
+		s.line = append(s.line[:0], reply...)
+		s.out = append(s.out, s.line)
+	}
+	s.pending = 0
+	s.client.written()
+}
+
+// match points each asked key of r at its VALUE block: memcached answers
+// hits in the order the keys were asked and skips misses. A reply that is
+// not a retrieval's (an error line) leaves every key a miss.
+func (s *loopSlot) match(r *loopReq) {
+	b := r.buf
+	k := 0
+	for bytes.HasPrefix(b, replyValue) {
+		i := bytes.IndexByte(b, '\n')
+		key, flags, size, cas, ok := parseValueHeader(b[:i+1])
+		if !ok {
+			return
+		}
+		hasCAS := bytes.Count(b[:i], []byte{' '}) == 4
+		end := i + 1 + size + 2
+		for k < len(r.asked) && !bytes.Equal(s.key(r.asked[k]), key) {
+			k++
+		}
+		if k == len(r.asked) {
+			return
+		}
+		o := &s.owners[r.asked[k]]
+		o.block, o.flags, o.size, o.cas, o.hasCAS = b[:end:end], flags, size, cas, hasCAS
+		k++
+		b = b[end:]
+	}
+}
+
+// parseValueHeader reads "VALUE <key> <flags> <bytes>[ <cas>]\r\n".
+func parseValueHeader(line []byte) (key []byte, flags uint32, size int, cas uint64, ok bool) {
+	rest, ok := bytes.CutPrefix(line, replyValue)
+	if !ok {
+		return
+	}
+	rest, ok = bytes.CutSuffix(rest, crlf)
+	if !ok {
+		return
+	}
+	var f [4][]byte
+	n := 0
+	for n < 4 {
+		i := bytes.IndexByte(rest, ' ')
+		if i < 0 {
+			f[n] = rest
+			n++
+			break
+		}
+		f[n], rest = rest[:i], rest[i+1:]
+		n++
+	}
+	if n < 3 || n == 4 && bytes.IndexByte(f[3], ' ') >= 0 {
+		return nil, 0, 0, 0, false
+	}
+	fl, okF := wire.ParseDecimal(f[1], 1<<32-1)
+	sz, okS := wire.ParseDecimal(f[2], 1<<31-1)
+	okC := true
+	if n == 4 {
+		cas, okC = wire.ParseDecimal(f[3], 1<<64-1)
+	}
+	return f[0], uint32(fl), int(sz), cas, okF && okS && okC
+}
+
+// answer builds a retrieval's reply once every request is in.
+func (s *loopSlot) answer() {
+	p := s.client.c.p
+	st := p.stats
+	oc := outcomeOK
+	if s.err != nil {
+		if p.cfg.RetrievalFailure == failureError {
+			line, _ := upstreamReply(s.err)
+			st.record(s.id, outcomeUpstreamError)
+			s.out = append(s.out, line)
+			return
+		}
+		oc = outcomeUpstreamError // the failed requests' keys are misses
+	}
+	for i := range s.owners {
+		o := &s.owners[i]
+		if o.first > 0 {
+			o.block = s.owners[o.first-1].block // already opened
+		} else if o.block != nil && (p.codec != nil && p.codec.IsEnveloped(o.flags) || o.hasCAS && s.id == cmdGet) {
+			if !s.open(i, o) {
+				o.block = nil
+			}
+		}
+		hit := o.block != nil
+		if hit {
+			s.out = append(s.out, o.block)
+		}
+		st.recordKey(false, hit)
+		if o.tenant != nil {
+			o.tenant.requests.Add(1)
+			if hit {
+				o.tenant.hits.Add(1)
+			}
+		}
+	}
+	st.record(s.id, oc)
+	s.out = append(s.out, replyEnd)
+}
+
+// open replaces an enveloped hit's block with the value it carries, and
+// reports whether it is still a hit: a refused envelope is a miss, and a
+// damaged one is deleted when --codec-delete-corrupt asks for it.
+func (s *loopSlot) open(i int, o *loopOwner) bool {
+	p := s.client.c.p
+	key := s.key(i)
+	stored := o.block[len(o.block)-o.size-2 : len(o.block)-2]
+	if p.codec == nil || !p.codec.IsEnveloped(o.flags) {
+		// A plain value whose header names a CAS the client's get did
+		// not ask for.
+		b := appendValueHeader(nil, string(key), o.flags, len(stored), 0, false)
+		b = append(b, stored...)
+		o.block = append(b, crlf...)
+		return true
+	}
+	v, flags, err := p.codec.AppendDecode(nil, key, false, o.flags, stored)
+	if err != nil {
+		r := codec.ReasonOf(err)
+		p.stats.codecRefused[r&15].Add(1)
+		if r.Damaged() && p.cfg.Codec.DeleteCorrupt {
+			s.client.deleteCorrupt(key)
+		}
+		return false
+	}
+	p.stats.codecReadLogical.Add(uint64(len(v)))
+	p.stats.codecReadStored.Add(uint64(len(stored)))
+	b := appendValueHeader(nil, string(key), flags, len(v), o.cas, s.id == cmdGets)
+	b = append(b, v...)
+	o.block = append(b, crlf...)
+	return true
+}
+
+// deleteCorrupt deletes a damaged item upstream; nobody waits for the
+// reply.
+func (lc *loopClient) deleteCorrupt(key []byte) {
+	up := lc.c.p.zones[0].up.Load()
+	u := lc.ls.upstream(up.Servers[up.Pick(string(key), lc.c.p.cfg.EjectRehash)])
+	r := lc.ls.req(nil)
+	r.store, r.drop, r.began = true, true, time.Now()
+	u.out = append(u.out, "delete "...)
+	u.out = append(u.out, key...)
+	u.out = append(u.out, crlf...)
+	u.q = append(u.q, r)
+	u.flush()
+}
+
+// written writes the client's replies that are ready, in order, and hands
+// the connection over once nothing is owed when that was asked.
+func (lc *loopClient) written() {
+	st := lc.c.p.stats
+	n := 0
+	for n < len(lc.slots) && lc.slots[n].pending == 0 {
+		s := lc.slots[n]
+		st.latency[s.id].Observe(time.Since(s.began).Seconds())
+		rest := s.out
+		if !s.noreply && lc.gc != nil && !lc.ls.l.abandon.Load() {
+			rest = lc.send(s.out)
+		}
+		if lc.hand != nil {
+			if !s.noreply && len(rest) > 0 {
+				lc.hand.replies <- rest // the goroutine writes it; its buffers go with it
+			} else {
+				lc.ls.putSlot(s)
+			}
+		} else {
+			lc.ls.putSlot(s)
+		}
+		lc.slots[n] = nil
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	lc.slots = append(lc.slots[:0], lc.slots[n:]...)
+	lc.last = time.Now()
+	if len(lc.slots) > 0 {
+		return
+	}
+	if lc.hand != nil {
+		close(lc.hand.replies)
+		lc.hand = nil
+		return
+	}
+	if lc.gc == nil {
+		return
+	}
+	if lc.handoff || lc.c.p.draining() {
+		if lc.gc.OutboundBuffered() == 0 {
+			lc.ls.el.Close(lc.gc)
+		}
+		return
+	}
+	if !lc.inProcess && lc.gc.InboundBuffered() > 0 {
+		lc.process() // requests held back while too many replies were owed
+	}
+}
+
+// replyScan reads one upstream reply at a time into acc: a retrieval's
+// VALUE blocks up to END, or one line.
+type replyScan struct {
+	acc  []byte
+	line int // where the line being read starts in acc
+	need int // bytes of a value still to come, with their CRLF
+}
+
+func (r *replyScan) reset() { r.acc, r.line, r.need = r.acc[:0], 0, 0 }
+
+// feed takes bytes of the reply from data. It returns how many it took,
+// whether the reply is whole, and whether it breaks the protocol.
+func (r *replyScan) feed(data []byte, retrieval bool) (took int, whole, bad bool) {
+	for took < len(data) {
+		if r.need > 0 {
+			n := min(r.need, len(data)-took)
+			r.acc = append(r.acc, data[took:took+n]...)
+			took += n
+			if r.need -= n; r.need > 0 {
+				return took, false, false
+			}
+			if !bytes.HasSuffix(r.acc, crlf) {
+				return took, false, true
+			}
+			r.line = len(r.acc)
+			continue
+		}
+		i := bytes.IndexByte(data[took:], '\n')
+		if i < 0 {
+			r.acc = append(r.acc, data[took:]...)
+			return len(data), false, len(r.acc)-r.line > lineLimit
+		}
+		r.acc = append(r.acc, data[took:took+i+1]...)
+		took += i + 1
+		line := r.acc[r.line:]
+		if !retrieval || !bytes.HasPrefix(line, replyValue) {
+			return took, true, false
+		}
+		_, _, size, _, ok := parseValueHeader(line)
+		if !ok {
+			return took, false, true
+		}
+		r.need = size + 2
+	}
+	return took, false, false
+}
+
+// closed ends a client on its loop. A connection that asked for a command
+// the loop does not answer, or that closed its side with requests still
+// buffered or replies owed, goes on in the goroutine path: gnet closes its
+// descriptor after this returns, so it continues on a duplicate.
+func (lc *loopClient) closed(err error) {
+	c := lc.c
+	delete(lc.ls.clients, lc)
+	gc := lc.gc
+	lc.gc = nil
+	if lc.closing || !lc.handoff && (err == nil || len(lc.slots) == 0 && gc.InboundBuffered() == 0) {
+		lc.abandon()
+		c.p.untrack(c)
+		return
+	}
+	rest, _ := gc.Peek(-1)
+	prefix := append([]byte(nil), rest...)
+	fd, derr := gc.Dup()
+	if derr != nil {
+		lc.abandon()
+		c.p.untrack(c)
+		return
+	}
+	c.p.loops.handovers.Add(1)
+	h := &handover{replies: make(chan [][]byte, len(lc.slots))}
+	if len(lc.slots) > 0 {
+		lc.hand = h
+	} else {
+		close(h.replies)
+	}
+	go func() {
+		defer c.p.untrack(c)
+		f := os.NewFile(uintptr(fd), "client")
+		nc, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			for range h.replies {
+			}
+			return
+		}
+		c.adopt(nc, prefix)
+		for b := range h.replies {
+			bufs := net.Buffers(b)
+			if err := c.cc.writeBuffers(&bufs); err != nil {
+				for range h.replies {
+				}
+				nc.Close()
+				return
+			}
+		}
+		c.serve()
+	}()
+}
+
+// abandon drops the replies a closed client is owed.
+func (lc *loopClient) abandon() {
+	for _, s := range lc.slots {
+		s.noreply = true
+	}
+}
+
+// handover carries the replies a client is owed to the goroutine that
+// goes on with it, in order; it is closed after the last.
+type handover struct {
+	replies chan [][]byte
+}
+
+// loopCopyMax is the most bytes of a reply the loop copies into gnet's
+// buffer when the client's socket does not take it all at once. A longer
+// rest goes to the goroutine path with the connection, which writes it
+// from the buffers it is in.
+const loopCopyMax = 256 << 10
+
+// send writes a reply: straight to the socket when nothing waits before
+// it, and what the socket does not take into gnet's buffer, which writes
+// it once the socket has room. It returns nil, or the rest of a reply too
+// long to copy, for which it has begun to hand the connection over.
+func (lc *loopClient) send(out [][]byte) [][]byte {
+	st := lc.c.p.stats
+	gc := lc.gc
+	if gc.OutboundBuffered() > 0 {
+		n, _ := gc.Writev(out)
+		st.bytesWritten.Add(uint64(n))
+		return nil
+	}
+	rest, n, iov, err := sockio.WriteSome(gc.Fd(), out, lc.iov)
+	lc.iov = iov
+	st.bytesWritten.Add(uint64(n))
+	if err != nil {
+		lc.closing = true
+		lc.ls.el.Close(gc)
+		return nil
+	}
+	size := 0
+	for _, b := range rest {
+		size += len(b)
+	}
+	switch {
+	case size == 0:
+		return nil
+	case size <= loopCopyMax:
+		gc.Writev(rest)
+		st.bytesWritten.Add(uint64(size))
+		return nil
+	}
+	lc.handoff = true
+	lc.ls.el.Close(gc) // closed() starts the handover
+	return rest
+}

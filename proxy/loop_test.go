@@ -1,0 +1,99 @@
+package proxy
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// loopConfig is testConfig served on one event loop.
+func loopConfig(upstreams ...string) Config {
+	cfg := testConfig(upstreams...)
+	cfg.EventLoops = 1
+	return cfg
+}
+
+// The differential cases and memccapable through the event loop: get,
+// gets and set are answered on the loop, everything else after the
+// connection moved to the goroutine path, often with replies still owed.
+func TestEventLoopDifferential(t *testing.T) {
+	runDifferential(t, slices.Concat(diffCases, regressionDiffCases), 1, loopConfig, nil)
+}
+
+func TestEventLoopDifferentialThreeServers(t *testing.T) {
+	runDifferential(t, slices.Concat(diffCases, regressionDiffCases), 3, loopConfig, nil)
+}
+
+func TestEventLoopMemccapable(t *testing.T) { runMemccapable(t, loopConfig) }
+
+// TestEventLoopKeepsGetsAndSets checks that gets and sets stay on the
+// loop, and that the first other command moves the connection, once,
+// with the replies it is owed written first and in order.
+func TestEventLoopKeepsGetsAndSets(t *testing.T) {
+	ups := []string{startMemcached(t), startMemcached(t)}
+	p, addr := startProxy(t, loopConfig(ups...))
+	c := newLineClient(t, addr)
+	var keys []string
+	for i := range 50 {
+		k := "loop:" + strconv.Itoa(i)
+		keys = append(keys, k)
+		if got := c.do("set " + k + " 7 0 " + strconv.Itoa(len(k)) + "\r\n" + k + "\r\n"); got != "STORED\r\n" {
+			t.Fatalf("set %s answered %q", k, got)
+		}
+	}
+	var want strings.Builder
+	for _, k := range keys {
+		want.WriteString("VALUE " + k + " 7 " + strconv.Itoa(len(k)) + "\r\n" + k + "\r\n")
+	}
+	want.WriteString("END\r\n")
+	if got := c.do("get " + strings.Join(keys, " ") + "\r\n"); got != want.String() {
+		t.Fatalf("a get of 50 keys over two servers answered %q", short(got))
+	}
+	if got := c.do("get loop:1 nothing loop:1\r\n"); got != "VALUE loop:1 7 6\r\nloop:1\r\nVALUE loop:1 7 6\r\nloop:1\r\nEND\r\n" {
+		t.Fatalf("a get naming a key twice answered %q", got)
+	}
+	if n := p.loops.handovers.Load(); n != 0 {
+		t.Fatalf("%d connections left the loop for get and set", n)
+	}
+
+	// Pipelined in one write: gets owed upstream, then a command the loop
+	// does not answer, then more.
+	c.c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.c.Write([]byte("get loop:2\r\nset loop:x 0 0 1\r\nx\r\nversion\r\nget loop:x\r\ndelete loop:x\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"VALUE loop:2 7 6\r\nloop:2\r\nEND\r\n",
+		"STORED\r\n",
+		"VERSION mcsidecar-test\r\n",
+		"VALUE loop:x 0 1\r\nx\r\nEND\r\n",
+		"DELETED\r\n",
+	} {
+		got, err := readReply(c.br)
+		if err != nil || got != want {
+			t.Fatalf("pipelined reply %q (%v), want %q", got, err, want)
+		}
+	}
+	if n := p.loops.handovers.Load(); n != 1 {
+		t.Errorf("%d handovers, want 1", n)
+	}
+}
+
+// TestEventLoopRefusesWhatItCannotServe: the settings the loop does not
+// support yet are refused at start, not ignored.
+func TestEventLoopRefusesWhatItCannotServe(t *testing.T) {
+	for name, change := range map[string]func(*Config){
+		"zones":        func(c *Config) { c.Upstreams, c.Zone, c.ZoneUpstreams = nil, "a", []string{"a=127.0.0.1:1"} },
+		"upstream TLS": func(c *Config) { c.UpstreamTLS.Enabled = true },
+		"client TLS":   func(c *Config) { c.TLS.CertPath, c.TLS.KeyPath = "cert.pem", "key.pem" },
+		"local tier":   func(c *Config) { c.LocalCacheSize = 1 << 20 },
+	} {
+		cfg := loopConfig("127.0.0.1:1")
+		change(&cfg)
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "--event-loops") {
+			t.Errorf("%s with --event-loops: %v, want refused", name, err)
+		}
+	}
+}
