@@ -854,10 +854,15 @@ func parseValueHeader(line []byte) (key []byte, flags uint32, size int, cas uint
 	if !ok {
 		return
 	}
+	// Three or four words, single spaces, none empty, as memcached
+	// writes them.
 	var f [4][]byte
 	n := 0
-	for n < 4 {
+	for {
 		i := bytes.IndexByte(rest, ' ')
+		if n == 4 || i == 0 || len(rest) == 0 {
+			return nil, 0, 0, 0, false
+		}
 		if i < 0 {
 			f[n] = rest
 			n++
@@ -866,7 +871,7 @@ func parseValueHeader(line []byte) (key []byte, flags uint32, size int, cas uint
 		f[n], rest = rest[:i], rest[i+1:]
 		n++
 	}
-	if n < 3 || n == 4 && bytes.IndexByte(f[3], ' ') >= 0 {
+	if n < 3 {
 		return nil, 0, 0, 0, false
 	}
 	fl, okF := wire.ParseDecimal(f[1], 1<<32-1)
@@ -1049,6 +1054,9 @@ func (r *replyScan) feed(data []byte, retrieval bool) (took int, whole, bad bool
 		r.acc = append(r.acc, data[took:took+i+1]...)
 		took += i + 1
 		line := r.acc[r.line:]
+		if len(line) > lineLimit {
+			return took, false, true // no reply line is this long
+		}
 		if !retrieval || !bytes.HasPrefix(line, replyValue) {
 			return took, true, false
 		}

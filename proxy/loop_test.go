@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"slices"
 	"strconv"
 	"strings"
@@ -96,4 +97,63 @@ func TestEventLoopRefusesWhatItCannotServe(t *testing.T) {
 			t.Errorf("%s with --event-loops: %v, want refused", name, err)
 		}
 	}
+}
+
+// FuzzLoopReplyScan feeds upstream replies to the event loop's scanner in
+// pieces cut at arbitrary places: it must find the same end of the first
+// reply, with the same bytes, and call it broken in the same cases, as
+// when the reply arrives at once; and the VALUE headers it accepts must
+// parse the same way as memcached writes them.
+func FuzzLoopReplyScan(f *testing.F) {
+	for _, seed := range []string{
+		"END\r\n",
+		"VALUE k 0 1\r\nx\r\nEND\r\n",
+		"VALUE a 7 3 99\r\nabc\r\nVALUE b 0 0 100\r\n\r\nEND\r\nSTORED\r\n",
+		"VALUE k 0 5\r\nab\r\n\r\nEND\r\n",
+		"SERVER_ERROR out of memory storing object\r\n",
+		"VALUE k 0 2\r\nabcEND\r\n",
+		"VALUE k x 1\r\nx\r\nEND\r\n",
+		"STORED\r\n",
+	} {
+		f.Add([]byte(seed), true, uint8(3))
+		f.Add([]byte(seed), false, uint8(1))
+	}
+	f.Fuzz(func(t *testing.T, data []byte, retrieval bool, step uint8) {
+		var whole replyScan
+		n1, done1, bad1 := whole.feed(data, retrieval)
+		var parts replyScan
+		n2, done2, bad2 := 0, false, false
+		size := int(step%16) + 1
+		for n2 < len(data) && !done2 && !bad2 {
+			end := min(n2+size, len(data))
+			var took int
+			took, done2, bad2 = parts.feed(data[n2:end], retrieval)
+			n2 += took
+			if took < end-(n2-took) && !done2 && !bad2 {
+				t.Fatalf("took %d of a %d-byte piece without finishing", took, end-(n2-took))
+			}
+		}
+		if bad1 != bad2 || !bad1 && (done1 != done2 || done1 && n1 != n2) {
+			t.Fatalf("at once: took %d, whole %v, bad %v; in %d-byte pieces: took %d, whole %v, bad %v", n1, done1, bad1, size, n2, done2, bad2)
+		}
+		if done1 && !bytes.Equal(whole.acc, parts.acc) {
+			t.Fatalf("the reply read at once %q differs from the one read in pieces %q", whole.acc, parts.acc)
+		}
+		if done1 && !bytes.Equal(whole.acc, data[:n1]) {
+			t.Fatalf("the reply %q is not the first %d bytes", whole.acc, n1)
+		}
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			if key, flags, size, cas, ok := parseValueHeader(data[:i+1]); ok {
+				if len(key) == 0 || bytes.IndexByte(key, ' ') >= 0 {
+					t.Fatalf("header %q accepted with key %q", data[:i+1], key)
+				}
+				withCAS := bytes.Count(data[:i], []byte{' '}) == 4
+				again := appendValueHeader(nil, string(key), flags, size, cas, withCAS)
+				k2, f2, s2, c2, ok2 := parseValueHeader(again)
+				if !ok2 || !bytes.Equal(k2, key) || f2 != flags || s2 != size || c2 != cas {
+					t.Fatalf("header %q parsed as %q %d %d %d, written back as %q", data[:i+1], key, flags, size, cas, again)
+				}
+			}
+		}
+	})
 }
