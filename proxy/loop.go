@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -33,7 +34,8 @@ import (
 // order.
 //
 // The loop answers the commands store-gateways send all day: get and gets
-// of keys that need no rewrite, and set of values that are not enveloped.
+// of keys that need no rewrite, the storage commands of values that are
+// not enveloped, delete and touch.
 // At the first command it does not answer, the connection is handed, with
 // the bytes it has not read yet and the replies still owed, to the
 // goroutine path, which answers everything.
@@ -491,8 +493,10 @@ func (lc *loopClient) request(data []byte) (int, bool) {
 	switch cmd.id {
 	case cmdGet, cmdGets:
 		return i + 1, lc.retrieve(cmd.id, words[1:])
-	case cmdSet:
-		return lc.set(words, data, i+1)
+	case cmdSet, cmdAdd, cmdReplace, cmdAppend, cmdPrepend, cmdCas:
+		return lc.store(cmd.id, words, data, i+1)
+	case cmdDelete, cmdTouch:
+		return i + 1, lc.keyCommand(cmd.id, words)
 	}
 	return 0, false
 }
@@ -576,11 +580,15 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 	return true
 }
 
-// set sends a set whose value is stored as it is.
-func (lc *loopClient) set(words [][]byte, data []byte, lineLen int) (int, bool) {
+// store sends a storage command whose value is stored as it is.
+func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (int, bool) {
 	c := lc.c
-	a := parseStoreArgs(words, false)
-	if !a.ok || !lc.plainKey(a.key) || c.envelopes(a.key, a.flags) || a.vlen > int(c.p.cfg.MaxItemSize) {
+	a := parseStoreArgs(words, id == cmdCas)
+	envFlags := a.flags
+	if id == cmdAppend || id == cmdPrepend {
+		envFlags = 0 // memcached ignores the flags of append and prepend
+	}
+	if !a.ok || !lc.plainKey(a.key) || c.envelopes(a.key, envFlags) || a.vlen > int(c.p.cfg.MaxItemSize) {
 		return 0, false
 	}
 	total := lineLen + a.vlen + 2
@@ -590,31 +598,76 @@ func (lc *loopClient) set(words [][]byte, data []byte, lineLen int) (int, bool) 
 	if !bytes.HasSuffix(data[:total], crlf) {
 		return 0, false
 	}
-	st := c.p.stats
-	st.cmdSet.Add(1)
+	c.p.stats.cmdSet.Add(1)
 	rk := c.resolve(a.key, needTenant)
 	tenant := c.p.tenants.counters(rk.tenant)
 	if tenant != nil {
 		tenant.requests.Add(1)
 	}
-	up := c.p.zones[0].up.Load()
-	u := lc.ls.upstream(up.Servers[up.Pick(string(a.key), c.p.cfg.EjectRehash)])
-	s := lc.ls.slot(lc, cmdSet)
-	s.noreply, s.pending, s.srv, s.tenant, s.size = a.noreply, 1, u.srv, tenant, a.vlen
+	u, r := lc.command(id, a.key, a.noreply, tenant, a.vlen)
+	if u != nil {
+		u.out = appendStorage(u.out, storageVerbs[id], string(a.key), a.flags, a.exptime, a.vlen, a.cas, id == cmdCas)
+		u.out = append(u.out, data[lineLen:total]...)
+		u.q = append(u.q, r)
+	}
+	return total, true
+}
+
+// keyCommand sends a delete or a touch, in the forms memcached takes; any
+// other is left to the goroutine path, which answers it as memcached does.
+func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
+	key := w[1]
+	noreply := bytes.Equal(w[len(w)-1], noreplyWord)
+	var arg []byte
+	switch id {
+	case cmdDelete:
+		holdZero := len(w) > 2 && bytes.Equal(w[2], []byte("0"))
+		if !(len(w) == 2 || len(w) == 3 && (holdZero || noreply) || len(w) == 4 && holdZero && noreply) {
+			return false
+		}
+	case cmdTouch:
+		exptime, ok := wire.ParseInt32(w[2])
+		if !ok || len(w) == 4 && !noreply {
+			return false
+		}
+		arg = strconv.AppendInt(lc.c.scratch[:0], int64(exptime), 10)
+		lc.c.scratch = arg
+	}
+	if !lc.plainKey(key) {
+		return false
+	}
+	u, r := lc.command(id, key, noreply, nil, 0)
+	if u != nil {
+		if id == cmdDelete {
+			u.out = appendKeyCommand(u.out, "delete ", string(key), nil)
+		} else {
+			u.out = appendKeyCommand(u.out, "touch ", string(key), arg)
+		}
+		u.q = append(u.q, r)
+	}
+	return true
+}
+
+// command starts a command of one key whose reply is one line: the reply
+// owed to the client, and the request to key's server, returned to be
+// written there. The server is nil when it is ejected: the command has
+// failed already. A storage command gives its tenant and value size.
+func (lc *loopClient) command(id int, key []byte, noreply bool, tenant *tenantCounters, size int) (*loopUpstream, *loopReq) {
+	up := lc.c.p.zones[0].up.Load()
+	u := lc.ls.upstream(up.Servers[up.Pick(string(key), lc.c.p.cfg.EjectRehash)])
+	s := lc.ls.slot(lc, id)
+	s.noreply, s.pending, s.srv, s.tenant, s.size = noreply, 1, u.srv, tenant, size
 	lc.slots = append(lc.slots, s)
-	c.lastCmd.Store(s.began.UnixNano())
+	lc.c.lastCmd.Store(s.began.UnixNano())
 	r := lc.ls.req(s)
 	r.store = true
 	s.reqs = append(s.reqs, r)
 	if err := u.srv.Admit(); err != nil {
 		u.srv.Observe(r.began, err)
 		r.done(nil, err)
-		return total, true
+		return nil, nil
 	}
-	u.out = appendStorage(u.out, "set", string(a.key), a.flags, a.exptime, a.vlen, 0, false)
-	u.out = append(u.out, data[lineLen:total]...)
-	u.q = append(u.q, r)
-	return total, true
+	return u, r
 }
 
 // upstream returns the loop's connection to srv, made when first needed.

@@ -9,6 +9,15 @@ import (
 	"time"
 )
 
+// loopHandovers is how many connections p's event loops handed to the
+// goroutine path.
+func loopHandovers(p *Proxy) uint64 {
+	p.mu.Lock()
+	l := p.loops
+	p.mu.Unlock()
+	return l.handovers.Load()
+}
+
 // loopConfig is testConfig served on one event loop.
 func loopConfig(upstreams ...string) Config {
 	cfg := testConfig(upstreams...)
@@ -17,8 +26,9 @@ func loopConfig(upstreams ...string) Config {
 }
 
 // The differential cases and memccapable through the event loop: get,
-// gets and set are answered on the loop, everything else after the
-// connection moved to the goroutine path, often with replies still owed.
+// gets, the storage commands, delete and touch are answered on the loop,
+// everything else after the connection moved to the goroutine path, often
+// with replies still owed.
 func TestEventLoopDifferential(t *testing.T) {
 	runDifferential(t, slices.Concat(diffCases, regressionDiffCases), 1, loopConfig, nil)
 }
@@ -29,9 +39,10 @@ func TestEventLoopDifferentialThreeServers(t *testing.T) {
 
 func TestEventLoopMemccapable(t *testing.T) { runMemccapable(t, loopConfig) }
 
-// TestEventLoopKeepsGetsAndSets checks that gets and sets stay on the
-// loop, and that the first other command moves the connection, once,
-// with the replies it is owed written first and in order.
+// TestEventLoopKeepsGetsAndSets checks that gets, storage commands,
+// deletes and touches stay on the loop, and that the first other command
+// moves the connection, once, with the replies it is owed written first
+// and in order.
 func TestEventLoopKeepsGetsAndSets(t *testing.T) {
 	ups := []string{startMemcached(t), startMemcached(t)}
 	p, addr := startProxy(t, loopConfig(ups...))
@@ -55,8 +66,24 @@ func TestEventLoopKeepsGetsAndSets(t *testing.T) {
 	if got := c.do("get loop:1 nothing loop:1\r\n"); got != "VALUE loop:1 7 6\r\nloop:1\r\nVALUE loop:1 7 6\r\nloop:1\r\nEND\r\n" {
 		t.Fatalf("a get naming a key twice answered %q", got)
 	}
-	if n := p.loops.handovers.Load(); n != 0 {
-		t.Fatalf("%d connections left the loop for get and set", n)
+	for _, tc := range []struct{ req, want string }{
+		{"add loop:1 0 0 1\r\nx\r\n", "NOT_STORED\r\n"},
+		{"replace loop:1 9 0 2\r\nyy\r\n", "STORED\r\n"},
+		{"append loop:1 0 0 1\r\nz\r\n", "STORED\r\n"},
+		{"prepend loop:1 0 0 1\r\na\r\n", "STORED\r\n"},
+		{"get loop:1\r\n", "VALUE loop:1 9 4\r\nayyz\r\nEND\r\n"},
+		{"touch loop:1 100\r\n", "TOUCHED\r\n"},
+		{"delete loop:1\r\n", "DELETED\r\n"},
+		{"delete loop:1 0\r\n", "NOT_FOUND\r\n"},
+		{"touch loop:1 100\r\n", "NOT_FOUND\r\n"},
+		{"cas loop:2 0 0 1 1\r\nq\r\n", "EXISTS\r\n"},
+	} {
+		if got := c.do(tc.req); got != tc.want {
+			t.Errorf("%q answered %q, want %q", tc.req, got, tc.want)
+		}
+	}
+	if n := loopHandovers(p); n != 0 {
+		t.Fatalf("%d connections left the loop for commands it answers", n)
 	}
 
 	// Pipelined in one write: gets owed upstream, then a command the loop
@@ -77,7 +104,7 @@ func TestEventLoopKeepsGetsAndSets(t *testing.T) {
 			t.Fatalf("pipelined reply %q (%v), want %q", got, err, want)
 		}
 	}
-	if n := p.loops.handovers.Load(); n != 1 {
+	if n := loopHandovers(p); n != 1 {
 		t.Errorf("%d handovers, want 1", n)
 	}
 }
