@@ -193,26 +193,26 @@ const (
 	loopBufLimit = 1 << 20
 )
 
-func (ls *loopState) slot(lc *loopClient, id int) *loopSlot {
-	var s *loopSlot
-	if n := len(ls.slots); n > 0 {
-		s = ls.slots[n-1]
-		ls.slots = ls.slots[:n-1]
-	} else {
-		s = &loopSlot{}
+// take returns the last of a free list, or a new one.
+func take[T any](free *[]*T) *T {
+	n := len(*free)
+	if n == 0 {
+		return new(T)
 	}
+	x := (*free)[n-1]
+	(*free)[n-1] = nil
+	*free = (*free)[:n-1]
+	return x
+}
+
+func (ls *loopState) slot(lc *loopClient, id int) *loopSlot {
+	s := take(&ls.slots)
 	s.client, s.id, s.began = lc, id, time.Now()
 	return s
 }
 
 func (ls *loopState) req(s *loopSlot) *loopReq {
-	var r *loopReq
-	if n := len(ls.reqs); n > 0 {
-		r = ls.reqs[n-1]
-		ls.reqs = ls.reqs[:n-1]
-	} else {
-		r = &loopReq{}
-	}
+	r := take(&ls.reqs)
 	r.slot, r.began = s, s.began
 	return r
 }
@@ -878,7 +878,7 @@ func (s *loopSlot) match(r *loopReq) {
 	k := 0
 	for bytes.HasPrefix(b, replyValue) {
 		i := bytes.IndexByte(b, '\n')
-		key, flags, size, cas, ok := parseValueHeader(b[:i+1])
+		key, flags, size, cas, ok := wire.ParseValueLine(b[:i+1])
 		if !ok {
 			return
 		}
@@ -895,45 +895,6 @@ func (s *loopSlot) match(r *loopReq) {
 		k++
 		b = b[end:]
 	}
-}
-
-// parseValueHeader reads "VALUE <key> <flags> <bytes>[ <cas>]\r\n".
-func parseValueHeader(line []byte) (key []byte, flags uint32, size int, cas uint64, ok bool) {
-	rest, ok := bytes.CutPrefix(line, replyValue)
-	if !ok {
-		return
-	}
-	rest, ok = bytes.CutSuffix(rest, crlf)
-	if !ok {
-		return
-	}
-	// Three or four words, single spaces, none empty, as memcached
-	// writes them.
-	var f [4][]byte
-	n := 0
-	for {
-		i := bytes.IndexByte(rest, ' ')
-		if n == 4 || i == 0 || len(rest) == 0 {
-			return nil, 0, 0, 0, false
-		}
-		if i < 0 {
-			f[n] = rest
-			n++
-			break
-		}
-		f[n], rest = rest[:i], rest[i+1:]
-		n++
-	}
-	if n < 3 {
-		return nil, 0, 0, 0, false
-	}
-	fl, okF := wire.ParseDecimal(f[1], 1<<32-1)
-	sz, okS := wire.ParseDecimal(f[2], 1<<31-1)
-	okC := true
-	if n == 4 {
-		cas, okC = wire.ParseDecimal(f[3], 1<<64-1)
-	}
-	return f[0], uint32(fl), int(sz), cas, okF && okS && okC
 }
 
 // answer builds a retrieval's reply once every request is in.
@@ -1113,7 +1074,7 @@ func (r *replyScan) feed(data []byte, retrieval bool) (took int, whole, bad bool
 		if !retrieval || !bytes.HasPrefix(line, replyValue) {
 			return took, true, false
 		}
-		_, _, size, _, ok := parseValueHeader(line)
+		_, _, size, _, ok := wire.ParseValueLine(line)
 		if !ok {
 			return took, false, true
 		}

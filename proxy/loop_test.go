@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"mcsidecar/proxy/internal/wire"
 )
 
 // loopHandovers is how many connections p's event loops handed to the
@@ -170,13 +172,13 @@ func FuzzLoopReplyScan(f *testing.F) {
 			t.Fatalf("the reply %q is not the first %d bytes", whole.acc, n1)
 		}
 		if i := bytes.IndexByte(data, '\n'); i >= 0 {
-			if key, flags, size, cas, ok := parseValueHeader(data[:i+1]); ok {
+			if key, flags, size, cas, ok := wire.ParseValueLine(data[:i+1]); ok {
 				if len(key) == 0 || bytes.IndexByte(key, ' ') >= 0 {
 					t.Fatalf("header %q accepted with key %q", data[:i+1], key)
 				}
 				withCAS := bytes.Count(data[:i], []byte{' '}) == 4
 				again := appendValueHeader(nil, string(key), flags, size, cas, withCAS)
-				k2, f2, s2, c2, ok2 := parseValueHeader(again)
+				k2, f2, s2, c2, ok2 := wire.ParseValueLine(again)
 				if !ok2 || !bytes.Equal(k2, key) || f2 != flags || s2 != size || c2 != cas {
 					t.Fatalf("header %q parsed as %q %d %d %d, written back as %q", data[:i+1], key, flags, size, cas, again)
 				}

@@ -605,25 +605,11 @@ func expectLine(c *rawConn, prefix []byte) error {
 	return nil
 }
 
-// parseValueLine reads "VALUE <key> <flags> <bytes> [<cas>]\r\n".
+// parseValueLine reads "VALUE <key> <flags> <bytes>[ <cas>]\r\n".
 func parseValueLine(line []byte) (key []byte, flags uint32, size int, cas uint64, err error) {
-	rest, ok := bytes.CutPrefix(line, replyValue)
-	if !ok || !bytes.HasSuffix(rest, crlf) {
+	key, flags, size, cas, ok := wire.ParseValueLine(line)
+	if !ok || size > 1<<30 {
 		return nil, 0, 0, 0, fmt.Errorf("%w: %q", errUnexpectedReply, line)
 	}
-	var words [5][]byte
-	w, overflow := wire.Tokenize(words[:0], rest[:len(rest)-2], 4)
-	if overflow || len(w) < 3 {
-		return nil, 0, 0, 0, fmt.Errorf("%w: %q", errUnexpectedReply, line)
-	}
-	flags, ok1 := wire.ParseUint32(w[1])
-	n, ok2 := wire.ParseUint64(w[2])
-	ok3 := true
-	if len(w) == 4 {
-		cas, ok3 = wire.ParseUint64(w[3])
-	}
-	if !ok1 || !ok2 || !ok3 || n > 1<<30 {
-		return nil, 0, 0, 0, fmt.Errorf("%w: %q", errUnexpectedReply, line)
-	}
-	return w[0], flags, int(n), cas, nil
+	return key, flags, size, cas, nil
 }

@@ -146,3 +146,44 @@ func ParseDecimal(b []byte, max uint64) (uint64, bool) {
 	}
 	return v, true
 }
+
+// ParseValueLine reads the line memcached begins a retrieval's hit with,
+// "VALUE <key> <flags> <bytes>[ <cas>]\r\n", as memcached writes it: single
+// spaces, no word empty, numbers in decimal. The size is at most 2^31-1.
+func ParseValueLine(line []byte) (key []byte, flags uint32, size int, cas uint64, ok bool) {
+	rest, ok := bytes.CutPrefix(line, []byte("VALUE "))
+	if !ok {
+		return
+	}
+	rest, ok = bytes.CutSuffix(rest, []byte("\r\n"))
+	if !ok {
+		return
+	}
+	// Three or four words, single spaces, none empty, as memcached
+	// writes them.
+	var f [4][]byte
+	n := 0
+	for {
+		i := bytes.IndexByte(rest, ' ')
+		if n == 4 || i == 0 || len(rest) == 0 {
+			return nil, 0, 0, 0, false
+		}
+		if i < 0 {
+			f[n] = rest
+			n++
+			break
+		}
+		f[n], rest = rest[:i], rest[i+1:]
+		n++
+	}
+	if n < 3 {
+		return nil, 0, 0, 0, false
+	}
+	fl, okF := ParseDecimal(f[1], 1<<32-1)
+	sz, okS := ParseDecimal(f[2], 1<<31-1)
+	okC := true
+	if n == 4 {
+		cas, okC = ParseDecimal(f[3], 1<<64-1)
+	}
+	return f[0], uint32(fl), int(sz), cas, okF && okS && okC
+}
