@@ -165,13 +165,14 @@ func (rc *rawClient) roundTrip(req []byte, end string) error {
 func BenchmarkEndToEnd(b *testing.B) {
 	mc := startMemcached(b)
 	_, px := startProxy(b, testConfig(mc))
+	_, loop := startProxy(b, loopConfig(mc))
 	value := strings.Repeat("v", 1024)
 	setReq := []byte("set bench:key 0 0 1024\r\n" + value + "\r\n")
 	getReq := []byte("get bench:key\r\n")
 	if err := newRawClient(b, mc).roundTrip(setReq, "STORED"); err != nil {
 		b.Fatal(err)
 	}
-	for _, target := range []struct{ name, addr string }{{"memcached", mc}, {"proxy", px}} {
+	for _, target := range []struct{ name, addr string }{{"memcached", mc}, {"proxy", px}, {"proxy-loop", loop}} {
 		for _, op := range []struct {
 			name, end string
 			req       []byte
