@@ -35,7 +35,7 @@ import (
 //
 // The loop answers the commands store-gateways send all day: get and gets
 // of keys that need no rewrite, the storage commands of values that are
-// not enveloped, delete and touch.
+// not enveloped, delete, touch, incr and decr.
 // At the first command it does not answer, the connection is handed, with
 // the bytes it has not read yet and the replies still owed, to the
 // goroutine path, which answers everything.
@@ -495,7 +495,7 @@ func (lc *loopClient) request(data []byte) (int, bool) {
 		return i + 1, lc.retrieve(cmd.id, words[1:])
 	case cmdSet, cmdAdd, cmdReplace, cmdAppend, cmdPrepend, cmdCas:
 		return lc.store(cmd.id, words, data, i+1)
-	case cmdDelete, cmdTouch:
+	case cmdDelete, cmdTouch, cmdIncr, cmdDecr:
 		return i + 1, lc.keyCommand(cmd.id, words)
 	}
 	return 0, false
@@ -613,8 +613,12 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 	return total, true
 }
 
-// keyCommand sends a delete or a touch, in the forms memcached takes; any
-// other is left to the goroutine path, which answers it as memcached does.
+// keyVerbs names the commands of one key and no data upstream.
+var keyVerbs = [numCommands]string{cmdDelete: "delete ", cmdTouch: "touch ", cmdIncr: "incr ", cmdDecr: "decr "}
+
+// keyCommand sends a delete, touch, incr or decr, in the forms memcached
+// takes; any other is left to the goroutine path, which answers it as
+// memcached does.
 func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 	key := w[1]
 	noreply := bytes.Equal(w[len(w)-1], noreplyWord)
@@ -632,17 +636,20 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 		}
 		arg = strconv.AppendInt(lc.c.scratch[:0], int64(exptime), 10)
 		lc.c.scratch = arg
+	case cmdIncr, cmdDecr:
+		// The number of an enveloped value is changed by a
+		// read-modify-write, on the goroutine path.
+		if _, ok := wire.ParseUint64(w[2]); !ok || lc.c.envelopes(key, 0) {
+			return false
+		}
+		arg = w[2]
 	}
 	if !lc.plainKey(key) {
 		return false
 	}
 	u, r := lc.command(id, key, noreply, nil, 0)
 	if u != nil {
-		if id == cmdDelete {
-			u.out = appendKeyCommand(u.out, "delete ", string(key), nil)
-		} else {
-			u.out = appendKeyCommand(u.out, "touch ", string(key), arg)
-		}
+		u.out = appendKeyCommand(u.out, keyVerbs[id], string(key), arg)
 		u.q = append(u.q, r)
 	}
 	return true

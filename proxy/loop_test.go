@@ -28,9 +28,9 @@ func loopConfig(upstreams ...string) Config {
 }
 
 // The differential cases and memccapable through the event loop: get,
-// gets, the storage commands, delete and touch are answered on the loop,
-// everything else after the connection moved to the goroutine path, often
-// with replies still owed.
+// gets, the storage commands, delete, touch, incr and decr are answered
+// on the loop, everything else after the connection moved to the
+// goroutine path, often with replies still owed.
 func TestEventLoopDifferential(t *testing.T) {
 	runDifferential(t, slices.Concat(diffCases, regressionDiffCases), 1, loopConfig, nil)
 }
@@ -42,7 +42,7 @@ func TestEventLoopDifferentialThreeServers(t *testing.T) {
 func TestEventLoopMemccapable(t *testing.T) { runMemccapable(t, loopConfig) }
 
 // TestEventLoopKeepsGetsAndSets checks that gets, storage commands,
-// deletes and touches stay on the loop, and that the first other command
+// deletes, touches, incr and decr stay on the loop, and that the first other command
 // moves the connection, once, with the replies it is owed written first
 // and in order.
 func TestEventLoopKeepsGetsAndSets(t *testing.T) {
@@ -79,6 +79,11 @@ func TestEventLoopKeepsGetsAndSets(t *testing.T) {
 		{"delete loop:1 0\r\n", "NOT_FOUND\r\n"},
 		{"touch loop:1 100\r\n", "NOT_FOUND\r\n"},
 		{"cas loop:2 0 0 1 1\r\nq\r\n", "EXISTS\r\n"},
+		{"set n 0 0 2\r\n41\r\n", "STORED\r\n"},
+		{"incr n 1\r\n", "42\r\n"},
+		{"decr n 50\r\n", "0\r\n"},
+		{"incr loop:2 1\r\n", "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n"},
+		{"incr nothing 1\r\n", "NOT_FOUND\r\n"},
 	} {
 		if got := c.do(tc.req); got != tc.want {
 			t.Errorf("%q answered %q, want %q", tc.req, got, tc.want)
