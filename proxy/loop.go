@@ -184,6 +184,8 @@ type loopUpstream struct {
 	q       []*loopReq // requests in order; the first sent are written
 	sent    int
 	scan    replyScan
+	// batchErr is the first error a reply of the batch in flight was.
+	batchErr error
 }
 
 // Free lists: what a finished request gives back, bounded so that a burst
@@ -702,6 +704,7 @@ func (u *loopUpstream) flush() {
 		r.began = now // the upstream timeout runs from here
 	}
 	u.sent = len(u.q)
+	u.batchErr = nil
 	u.gc.Write(u.out) // an error closes the connection, and OnClose fails the batch
 	u.out = u.out[:0]
 }
@@ -800,7 +803,14 @@ func (u *loopUpstream) replies() {
 		u.q[0] = nil
 		u.q = u.q[1:]
 		u.sent--
-		u.srv.Record(r.began, err)
+		if err != nil && u.batchErr == nil {
+			u.batchErr = err
+		}
+		if u.sent == 0 {
+			// A batch counts once in the server's requests, as on the
+			// goroutine path, with the first error a reply in it was.
+			u.srv.Record(r.began, u.batchErr)
+		}
 		if err != nil {
 			u.scan.reset()
 			r.done(nil, err)
