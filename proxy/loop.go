@@ -388,7 +388,7 @@ func (ls *loopState) check(now time.Time) {
 			// The oldest request written was not answered in time: the
 			// timeout bounds every upstream request, however its reply
 			// trickles in.
-			u.abort(errLoopTimeout)
+			u.abort(os.ErrDeadlineExceeded) // what a deadline gives the goroutine path
 		}
 	}
 	idle := p.cfg.IdleTimeout
@@ -411,15 +411,6 @@ func (ls *loopState) check(now time.Time) {
 		}
 	}
 }
-
-// errLoopTimeout is an upstream that did not answer within --upstream-timeout.
-var errLoopTimeout error = loopTimeoutError{}
-
-type loopTimeoutError struct{}
-
-func (loopTimeoutError) Error() string   { return "upstream timeout" }
-func (loopTimeoutError) Timeout() bool   { return true }
-func (loopTimeoutError) Temporary() bool { return true }
 
 // traffic handles every request that has arrived whole.
 func (lc *loopClient) traffic() gnet.Action {
@@ -530,14 +521,13 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 	var ups [4]*loopUpstream // each request's server; more than four are rare
 	reqUps := ups[:0]
 	for i, k := range keys {
-		rk := c.resolve(k, needTenant)
-		tenant := c.p.tenants.counters(rk.tenant)
 		// A key named again is fetched once and answered as often as it
 		// was named, as memcached does.
-		if first := s.named(k, i, len(keys)); first >= 0 {
-			s.keys = append(s.keys, k...)
-			s.ends = append(s.ends, len(s.keys))
-			s.owners = append(s.owners, loopOwner{first: first + 1, tenant: tenant})
+		first := s.named(k, i, len(keys))
+		s.keys = append(s.keys, k...)
+		s.ends = append(s.ends, len(s.keys))
+		s.owners = append(s.owners, loopOwner{first: first + 1, tenant: c.tenantOf(k)})
+		if first >= 0 {
 			continue
 		}
 		u := ls.upstream(up.Servers[up.Pick(string(k), c.p.cfg.EjectRehash)])
@@ -550,10 +540,7 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 			s.reqs = append(s.reqs, ls.req(s))
 		}
 		r := s.reqs[ri]
-		r.asked = append(r.asked, len(s.owners))
-		s.keys = append(s.keys, k...)
-		s.ends = append(s.ends, len(s.keys))
-		s.owners = append(s.owners, loopOwner{tenant: tenant})
+		r.asked = append(r.asked, i)
 	}
 	clear(s.seen)
 	lc.slots = append(lc.slots, s)
@@ -565,9 +552,7 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 	}
 	for ri, u := range reqUps {
 		r := s.reqs[ri]
-		if err := u.srv.Admit(); err != nil {
-			u.srv.Observe(r.began, err)
-			r.done(nil, err)
+		if !u.admit(r) {
 			continue
 		}
 		u.out = append(u.out, verb...)
@@ -601,8 +586,7 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 		return 0, false
 	}
 	c.p.stats.cmdSet.Add(1)
-	rk := c.resolve(a.key, needTenant)
-	tenant := c.p.tenants.counters(rk.tenant)
+	tenant := c.tenantOf(a.key)
 	if tenant != nil {
 		tenant.requests.Add(1)
 	}
@@ -671,12 +655,21 @@ func (lc *loopClient) command(id int, key []byte, noreply bool, tenant *tenantCo
 	r := lc.ls.req(s)
 	r.store = true
 	s.reqs = append(s.reqs, r)
-	if err := u.srv.Admit(); err != nil {
-		u.srv.Observe(r.began, err)
-		r.done(nil, err)
+	if !u.admit(r) {
 		return nil, nil
 	}
 	return u, r
+}
+
+// admit reports whether r may go to the server; a request to an ejected
+// server fails at once, counted as ejected, not as sent.
+func (u *loopUpstream) admit(r *loopReq) bool {
+	err := u.srv.Admit()
+	if err != nil {
+		u.srv.Observe(r.began, err)
+		r.done(nil, err)
+	}
+	return err == nil
 }
 
 // upstream returns the loop's connection to srv, made when first needed.
@@ -1011,12 +1004,8 @@ func (lc *loopClient) written() {
 		if !s.noreply && lc.gc != nil && !lc.ls.l.abandon.Load() {
 			rest = lc.send(s.out)
 		}
-		if lc.hand != nil {
-			if !s.noreply && len(rest) > 0 {
-				lc.hand.replies <- rest // the goroutine writes it; its buffers go with it
-			} else {
-				lc.ls.putSlot(s)
-			}
+		if lc.hand != nil && !s.noreply && len(rest) > 0 {
+			lc.hand.replies <- rest // the goroutine writes it; its buffers go with it
 		} else {
 			lc.ls.putSlot(s)
 		}
