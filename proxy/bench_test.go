@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -178,21 +179,53 @@ func BenchmarkEndToEnd(b *testing.B) {
 			req       []byte
 		}{{"get", "END", getReq}, {"set", "STORED", setReq}} {
 			b.Run(op.name+"/"+target.name, func(b *testing.B) { benchRoundTrips(b, target.addr, op.req, op.end) })
-			b.Run(op.name+"/parallel/"+target.name, func(b *testing.B) {
-				b.ReportAllocs()
-				b.SetParallelism(16) // 32 connections on 2 cores
-				b.RunParallel(func(pb *testing.PB) {
-					rc := newRawClient(b, target.addr)
-					for pb.Next() {
-						if err := rc.roundTrip(op.req, op.end); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				})
-			})
+			b.Run(op.name+"/parallel/"+target.name, func(b *testing.B) { benchParallel(b, target.addr, op.req, op.end) })
 		}
 	}
+}
+
+// BenchmarkEndToEndTransformed is BenchmarkEndToEnd for what the sidecar
+// transforms: a postings value (enveloped, compressed) and a long Mimir
+// key (rewritten, its value enveloped and bound), each got and set on
+// the goroutine path and on an event loop, 32 connections.
+func BenchmarkEndToEndTransformed(b *testing.B) {
+	mc := startMemcached(b)
+	_, px := startProxy(b, keyspaceConfig(mc))
+	loopCfg := keyspaceConfig(mc)
+	loopCfg.EventLoops = 1
+	_, loop := startProxy(b, loopCfg)
+	value := strings.Repeat("postings 1234567 ", 240) // 4 KiB that compress
+	for _, key := range []struct{ name, key string }{{"postings", "P2:team-a:" + testBlock + ":am9iOmFwaQ"}, {"long-key", mimirLV2Key()}} {
+		setReq := []byte("set " + key.key + " 0 0 " + strconv.Itoa(len(value)) + "\r\n" + value + "\r\n")
+		getReq := []byte("get " + key.key + "\r\n")
+		if err := newRawClient(b, px).roundTrip(setReq, "STORED"); err != nil {
+			b.Fatal(err)
+		}
+		for _, target := range []struct{ name, addr string }{{"proxy", px}, {"proxy-loop", loop}} {
+			for _, op := range []struct {
+				name, end string
+				req       []byte
+			}{{"get", "END", getReq}, {"set", "STORED", setReq}} {
+				b.Run(key.name+"/"+op.name+"/"+target.name, func(b *testing.B) { benchParallel(b, target.addr, op.req, op.end) })
+			}
+		}
+	}
+}
+
+// benchParallel sends req to addr b.N times over 32 connections on 2
+// cores, each reply read up to its line starting with end.
+func benchParallel(b *testing.B, addr string, req []byte, end string) {
+	b.ReportAllocs()
+	b.SetParallelism(16)
+	b.RunParallel(func(pb *testing.PB) {
+		rc := newRawClient(b, addr)
+		for pb.Next() {
+			if err := rc.roundTrip(req, end); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
 }
 
 var _ io.Reader = (*repeatReader)(nil)

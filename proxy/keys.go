@@ -72,11 +72,28 @@ type resolvedKey struct {
 	postings bool
 	// immutable says the key's value never changes.
 	immutable bool
+	// rewrite is the counter of a rewrite (bound): its scheme and step.
+	rewrite int
 }
 
 // resolve finds what need asks of key, and its upstream key, from one
 // match against the key schemes at most. A rewrite is counted.
 func (c *conn) resolve(key []byte, need uint8) resolvedKey {
+	r := c.lookup(key, need)
+	c.countRewrite(r)
+	return r
+}
+
+// countRewrite counts the rewrite of a key lookup resolved.
+func (c *conn) countRewrite(r resolvedKey) {
+	if r.bound {
+		c.p.stats.keyRewrites[r.rewrite].Add(1)
+	}
+}
+
+// lookup is resolve without counting the rewrite, for a caller that may
+// still hand the request on to be resolved again.
+func (c *conn) lookup(key []byte, need uint8) resolvedKey {
 	r := resolvedKey{up: key, ok: true}
 	ks := c.p.keys
 	rewrite := ks != nil && ks.NeedsRewrite(key)
@@ -107,8 +124,7 @@ func (c *conn) resolve(key []byte, need uint8) resolvedKey {
 	if rewrite {
 		out, step, scheme := m.AppendRewrite(c.upBuf[:0])
 		c.upBuf = out
-		c.p.stats.keyRewrites[c.p.schemeIndex[scheme]*numSteps+int(step)].Add(1)
-		r.up, r.bound = out, true
+		r.up, r.bound, r.rewrite = out, true, c.p.schemeIndex[scheme]*numSteps+int(step)
 	}
 	return r
 }

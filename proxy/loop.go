@@ -33,9 +33,10 @@ import (
 // are read (one batch in flight per connection), and replies come back in
 // order.
 //
-// The loop answers the commands store-gateways send all day: get and gets
-// of keys that need no rewrite, the storage commands of values that are
-// not enveloped, delete, touch, incr and decr.
+// The loop answers the commands store-gateways send all day: get and
+// gets, the storage commands (values enveloped and keys rewritten as on
+// the goroutine path), delete, touch, incr and decr; not the
+// read-modify-writes of enveloped values.
 // At the first command it does not answer, the connection is handed, with
 // the bytes it has not read yet and the replies still owed, to the
 // goroutine path, which answers everything.
@@ -76,6 +77,7 @@ type loopState struct {
 	slots   []*loopSlot
 	reqs    []*loopReq
 	bufs    [][]byte
+	dec     []byte // a value being opened
 }
 
 // loopClient is one client connection on a loop.
@@ -106,18 +108,29 @@ type loopSlot struct {
 	out     [][]byte // the reply, once ready
 	line    []byte   // a copy of a storage command's reply line
 	// A retrieval's keys, back to back in keys and ending at ends[i],
-	// where each one's answer is, and its requests, one per server.
+	// where each one's answer is, and its requests, one per server. The
+	// rewrites of keys sent rewritten are back to back in ups.
 	keys   []byte
 	ends   []int
+	ups    []byte
 	owners []loopOwner
 	reqs   []*loopReq
 	seen   map[string]int // owner of each key, in a retrieval of many
 	err    error          // the first failed request's error
-	// A set's server, and its tenant and value size, for the bytes
-	// written per tenant.
-	srv    *upstream.Server
-	tenant *tenantCounters
-	size   int
+	// A storage command's server, and what its write adds to the byte
+	// counters once stored.
+	srv   *upstream.Server
+	write loopWrite
+}
+
+// loopWrite is what a storage command's write adds to the byte counters
+// once stored: the bytes written, per tenant, and for an enveloped value,
+// the client's bytes and the stored ones.
+type loopWrite struct {
+	tenant    *tenantCounters
+	size      int
+	enveloped bool
+	logical   int
 }
 
 // named returns the owner of the first key equal to k among the n keys
@@ -151,6 +164,14 @@ func (s *loopSlot) key(i int) []byte {
 	return s.keys[start:s.ends[i]]
 }
 
+// upKey returns the upstream key of the i-th key of a retrieval.
+func (s *loopSlot) upKey(i int) []byte {
+	if o := &s.owners[i]; o.bound {
+		return s.ups[o.upStart:o.upEnd]
+	}
+	return s.key(i)
+}
+
 // loopOwner is where one requested key's answer is: a VALUE block in its
 // request's reply, or nil for a miss.
 type loopOwner struct {
@@ -161,10 +182,15 @@ type loopOwner struct {
 	cas    uint64
 	hasCAS bool
 	tenant *tenantCounters
+	// bound: the key is sent rewritten, as ups[upStart:upEnd], and its
+	// value is an envelope bound to it.
+	bound          bool
+	upStart, upEnd int
 }
 
 // loopReq is one request on an upstream connection: a server's share of a
-// retrieval, a storage command, or a delete whose reply nobody waits for.
+// retrieval, a storage command, or a delete of a damaged item, whose reply
+// is dropped once it came (drop).
 type loopReq struct {
 	slot  *loopSlot
 	store bool
@@ -250,7 +276,7 @@ func (ls *loopState) putSlot(s *loopSlot) {
 	clear(s.out)
 	clear(s.owners)
 	clear(s.reqs)
-	*s = loopSlot{out: s.out[:0], line: s.line[:0], keys: s.keys[:0], ends: s.ends[:0], owners: s.owners[:0], reqs: s.reqs[:0], seen: s.seen}
+	*s = loopSlot{out: s.out[:0], line: s.line[:0], keys: s.keys[:0], ends: s.ends[:0], ups: s.ups[:0], owners: s.owners[:0], reqs: s.reqs[:0], seen: s.seen}
 	if len(ls.slots) < loopFreeMax {
 		ls.slots = append(ls.slots, s)
 	}
@@ -494,16 +520,23 @@ func (lc *loopClient) request(data []byte) (int, bool) {
 	return 0, false
 }
 
-// plainKey reports whether the loop may forward key as it is: valid, and
-// neither rewritten nor refused. Nothing is counted: a key it declines is
-// handled, and counted, by the goroutine path.
-func (lc *loopClient) plainKey(key []byte) bool {
+// validKey reports whether the loop may take key: one memcached accepts,
+// and, without key settings, one gomemcache would send. Nothing is
+// counted: a key it declines is refused, and counted, by the goroutine
+// path.
+func (lc *loopClient) validKey(key []byte) bool {
 	ks := lc.c.p.keys
 	if ks == nil {
 		return len(key) <= keyMaxLength && forwardable(key)
 	}
 	ok, _ := ks.Check(key)
-	return ok && !ks.NeedsRewrite(key)
+	return ok
+}
+
+// rewritten reports whether a valid key is sent upstream rewritten.
+func (lc *loopClient) rewritten(key []byte) bool {
+	ks := lc.c.p.keys
+	return ks != nil && ks.NeedsRewrite(key)
 }
 
 // retrieve sends a get or gets to the servers of its keys, one request
@@ -511,7 +544,7 @@ func (lc *loopClient) plainKey(key []byte) bool {
 func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 	c := lc.c
 	for _, k := range keys {
-		if !lc.plainKey(k) {
+		if !lc.validKey(k) {
 			return false
 		}
 	}
@@ -526,11 +559,18 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 		first := s.named(k, i, len(keys))
 		s.keys = append(s.keys, k...)
 		s.ends = append(s.ends, len(s.keys))
-		s.owners = append(s.owners, loopOwner{first: first + 1, tenant: c.tenantOf(k)})
+		rk := c.resolve(k, needTenant)
+		o := loopOwner{first: first + 1, tenant: c.p.tenants.counters(rk.tenant), bound: rk.bound}
+		if rk.bound {
+			o.upStart = len(s.ups)
+			s.ups = append(s.ups, rk.up...)
+			o.upEnd = len(s.ups)
+		}
+		s.owners = append(s.owners, o)
 		if first >= 0 {
 			continue
 		}
-		u := ls.upstream(up.Servers[up.Pick(string(k), c.p.cfg.EjectRehash)])
+		u := ls.upstream(up.Servers[up.Pick(string(rk.up), c.p.cfg.EjectRehash)])
 		ri := 0
 		for ri < len(reqUps) && reqUps[ri] != u {
 			ri++
@@ -558,7 +598,7 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 		u.out = append(u.out, verb...)
 		for _, o := range r.asked {
 			u.out = append(u.out, ' ')
-			u.out = append(u.out, s.key(o)...)
+			u.out = append(u.out, s.upKey(o)...)
 		}
 		u.out = append(u.out, crlf...)
 		u.q = append(u.q, r)
@@ -567,15 +607,29 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 	return true
 }
 
-// store sends a storage command whose value is stored as it is.
+// store sends a storage command, its value enveloped when the codec or a
+// rewritten key asks for it. An append or prepend to an enveloped value
+// is a read-modify-write, left to the goroutine path, and so is a value
+// over the size limits, which is refused there.
 func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (int, bool) {
 	c := lc.c
 	a := parseStoreArgs(words, id == cmdCas)
+	if !a.argsOK || !lc.validKey(a.key) {
+		return 0, false
+	}
+	join := id == cmdAppend || id == cmdPrepend
 	envFlags := a.flags
-	if id == cmdAppend || id == cmdPrepend {
+	if join {
 		envFlags = 0 // memcached ignores the flags of append and prepend
 	}
-	if !a.ok || !lc.plainKey(a.key) || c.envelopes(a.key, envFlags) || a.vlen > int(c.p.cfg.MaxItemSize) {
+	// A value under a rewritten key is always enveloped, bound to the
+	// client key: another key may meet it upstream.
+	enveloped := c.envelopes(a.key, envFlags) || lc.rewritten(a.key)
+	limit := int(c.p.cfg.MaxItemSize)
+	if enveloped {
+		limit = c.p.cfg.maxValueSize()
+	}
+	if enveloped && join || a.vlen > limit {
 		return 0, false
 	}
 	total := lineLen + a.vlen + 2
@@ -585,15 +639,26 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 	if !bytes.HasSuffix(data[:total], crlf) {
 		return 0, false
 	}
+	// Not counted yet: the request may still be handed over.
+	rk := c.lookup(a.key, needTenant|postingsIf(enveloped))
+	value, flags := data[lineLen:lineLen+a.vlen], a.flags
+	if enveloped {
+		value, flags = c.encodeFor(a.key, rk.bound, rk.postings, a.flags, value)
+		if len(value) > int(c.p.cfg.MaxItemSize) {
+			return 0, false
+		}
+	}
+	c.countRewrite(rk)
 	c.p.stats.cmdSet.Add(1)
-	tenant := c.tenantOf(a.key)
+	tenant := c.p.tenants.counters(rk.tenant)
 	if tenant != nil {
 		tenant.requests.Add(1)
 	}
-	u, r := lc.command(id, a.key, a.noreply, tenant, a.vlen)
+	u, r := lc.command(id, rk.up, a.noreply, loopWrite{tenant: tenant, size: len(value), enveloped: enveloped, logical: a.vlen})
 	if u != nil {
-		u.out = appendStorage(u.out, storageVerbs[id], string(a.key), a.flags, a.exptime, a.vlen, a.cas, id == cmdCas)
-		u.out = append(u.out, data[lineLen:total]...)
+		u.out = appendStorage(u.out, storageVerbs[id], string(rk.up), flags, a.exptime, len(value), a.cas, id == cmdCas)
+		u.out = append(u.out, value...)
+		u.out = append(u.out, crlf...)
 		u.q = append(u.q, r)
 	}
 	return total, true
@@ -625,17 +690,18 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 	case cmdIncr, cmdDecr:
 		// The number of an enveloped value is changed by a
 		// read-modify-write, on the goroutine path.
-		if _, ok := wire.ParseUint64(w[2]); !ok || lc.c.envelopes(key, 0) {
+		if _, ok := wire.ParseUint64(w[2]); !ok || lc.c.envelopes(key, 0) || lc.rewritten(key) {
 			return false
 		}
 		arg = w[2]
 	}
-	if !lc.plainKey(key) {
+	if !lc.validKey(key) {
 		return false
 	}
-	u, r := lc.command(id, key, noreply, nil, 0)
+	up := lc.c.resolve(key, 0).up
+	u, r := lc.command(id, up, noreply, loopWrite{})
 	if u != nil {
-		u.out = appendKeyCommand(u.out, keyVerbs[id], string(key), arg)
+		u.out = appendKeyCommand(u.out, keyVerbs[id], string(up), arg)
 		u.q = append(u.q, r)
 	}
 	return true
@@ -644,12 +710,12 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 // command starts a command of one key whose reply is one line: the reply
 // owed to the client, and the request to key's server, returned to be
 // written there. The server is nil when it is ejected: the command has
-// failed already. A storage command gives its tenant and value size.
-func (lc *loopClient) command(id int, key []byte, noreply bool, tenant *tenantCounters, size int) (*loopUpstream, *loopReq) {
+// failed already. A storage command gives what its write counts.
+func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite) (*loopUpstream, *loopReq) {
 	up := lc.c.p.zones[0].up.Load()
 	u := lc.ls.upstream(up.Servers[up.Pick(string(key), lc.c.p.cfg.EjectRehash)])
 	s := lc.ls.slot(lc, id)
-	s.noreply, s.pending, s.srv, s.tenant, s.size = noreply, 1, u.srv, tenant, size
+	s.noreply, s.pending, s.srv, s.write = noreply, 1, u.srv, w
 	lc.slots = append(lc.slots, s)
 	lc.c.lastCmd.Store(s.began.UnixNano())
 	r := lc.ls.req(s)
@@ -756,9 +822,21 @@ func (u *loopUpstream) fail(err error) {
 	u.scan = replyScan{}
 	for _, r := range q {
 		if r.drop {
-			u.ls.putReq(r)
+			u.dropped(r)
 		} else {
 			r.done(nil, err)
+		}
+	}
+}
+
+// dropped gives back a request whose reply nobody reads, and lets the
+// reply it held back go.
+func (u *loopUpstream) dropped(r *loopReq) {
+	s := r.slot
+	u.ls.putReq(r)
+	if s != nil {
+		if s.pending--; s.pending == 0 {
+			s.client.written()
 		}
 	}
 }
@@ -814,8 +892,8 @@ func (u *loopUpstream) replies() {
 			if bytes.Equal(reply, replyDeleted) {
 				u.ls.l.p.stats.codecDeleted.Add(1)
 			}
-			u.ls.putReq(r)
 			u.scan.reset()
+			u.dropped(r)
 		case r.store:
 			r.done(reply, nil)
 			u.scan.reset()
@@ -870,8 +948,13 @@ func (s *loopSlot) stored(reply []byte, err error) {
 		if isServerError(reply) {
 			s.srv.CountServerError()
 		}
-		if oc == outcomeStored && s.tenant != nil {
-			s.tenant.written.Add(uint64(s.size))
+		if w := s.write; oc == outcomeStored {
+			if w.enveloped {
+				s.client.c.countStored(w.logical, w.size)
+			}
+			if w.tenant != nil {
+				w.tenant.written.Add(uint64(w.size))
+			}
 		}
 		s.line = append(s.line[:0], reply...)
 		s.out = append(s.out, s.line)
@@ -894,7 +977,7 @@ func (s *loopSlot) match(r *loopReq) {
 		}
 		hasCAS := bytes.Count(b[:i], []byte{' '}) == 4
 		end := i + 1 + size + 2
-		for k < len(r.asked) && !bytes.Equal(s.key(r.asked[k]), key) {
+		for k < len(r.asked) && !bytes.Equal(s.upKey(r.asked[k]), key) {
 			k++
 		}
 		if k == len(r.asked) {
@@ -925,7 +1008,7 @@ func (s *loopSlot) answer() {
 		o := &s.owners[i]
 		if o.first > 0 {
 			o.block = s.owners[o.first-1].block // already opened
-		} else if o.block != nil && (p.codec != nil && p.codec.IsEnveloped(o.flags) || o.hasCAS && s.id == cmdGet) {
+		} else if o.block != nil && (o.bound || p.codec != nil && p.codec.IsEnveloped(o.flags) || o.hasCAS && s.id == cmdGet) {
 			if !s.open(i, o) {
 				o.block = nil
 			}
@@ -953,38 +1036,53 @@ func (s *loopSlot) open(i int, o *loopOwner) bool {
 	p := s.client.c.p
 	key := s.key(i)
 	stored := o.block[len(o.block)-o.size-2 : len(o.block)-2]
+	if o.bound && !p.codec.IsEnveloped(o.flags) {
+		// Under a rewritten key, a plain item is some client's own value
+		// at an equal key: a miss.
+		p.stats.keyUnbound.Add(1)
+		return false
+	}
 	if p.codec == nil || !p.codec.IsEnveloped(o.flags) {
 		// A plain value whose header names a CAS the client's get did
 		// not ask for.
-		b := appendValueHeader(nil, string(key), o.flags, len(stored), 0, false)
-		b = append(b, stored...)
-		o.block = append(b, crlf...)
+		o.block = valueBlock(key, o.flags, stored, 0, false)
 		return true
 	}
-	v, flags, err := p.codec.AppendDecode(nil, key, false, o.flags, stored)
+	ls := s.client.ls
+	v, flags, err := p.codec.AppendDecode(ls.dec[:0], key, o.bound, o.flags, stored)
 	if err != nil {
 		r := codec.ReasonOf(err)
 		p.stats.codecRefused[r&15].Add(1)
 		if r.Damaged() && p.cfg.Codec.DeleteCorrupt {
-			s.client.deleteCorrupt(key)
+			s.deleteCorrupt(s.upKey(i))
 		}
 		return false
 	}
+	ls.dec = v
 	p.stats.codecReadLogical.Add(uint64(len(v)))
 	p.stats.codecReadStored.Add(uint64(len(stored)))
-	b := appendValueHeader(nil, string(key), flags, len(v), o.cas, s.id == cmdGets)
-	b = append(b, v...)
-	o.block = append(b, crlf...)
+	o.block = valueBlock(key, flags, v, o.cas, s.id == cmdGets)
 	return true
 }
 
-// deleteCorrupt deletes a damaged item upstream; nobody waits for the
-// reply.
-func (lc *loopClient) deleteCorrupt(key []byte) {
+// valueBlock returns a VALUE block of its own, in one allocation.
+func valueBlock(key []byte, flags uint32, v []byte, cas uint64, withCAS bool) []byte {
+	b := make([]byte, 0, len("VALUE   ")+len(key)+3*20+len(v)+len("\r\n\r\n"))
+	b = appendValueHeader(b, string(key), flags, len(v), cas, withCAS)
+	b = append(b, v...)
+	return append(b, crlf...)
+}
+
+// deleteCorrupt deletes a damaged item, at its upstream key. The
+// retrieval's reply waits for the delete's, as on the goroutine path, so
+// that a client that saw the miss never finds the item still there.
+func (s *loopSlot) deleteCorrupt(key []byte) {
+	lc := s.client
 	up := lc.c.p.zones[0].up.Load()
 	u := lc.ls.upstream(up.Servers[up.Pick(string(key), lc.c.p.cfg.EjectRehash)])
-	r := lc.ls.req(nil)
+	r := lc.ls.req(s)
 	r.store, r.drop, r.began = true, true, time.Now()
+	s.pending++
 	u.out = append(u.out, "delete "...)
 	u.out = append(u.out, key...)
 	u.out = append(u.out, crlf...)

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"mcsidecar/codec"
+	"mcsidecar/keyspace"
 	"mcsidecar/proxy/internal/wire"
 )
 
@@ -190,4 +192,91 @@ func FuzzLoopReplyScan(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestEventLoopKeepsEnvelopesAndRewrites checks that values the codec
+// envelopes and keys sent rewritten stay on the loop: sets are enveloped
+// there, bound to the client key, and gets opened and checked there, with
+// the same counters as on the goroutine path.
+func TestEventLoopKeepsEnvelopesAndRewrites(t *testing.T) {
+	up := startMemcached(t)
+	cfg := keyspaceConfig(up)
+	cfg.EventLoops = 1
+	cfg.Codec.DeleteCorrupt = true
+	p, addr := startProxy(t, cfg)
+	c, direct := newLineClient(t, addr), newLineClient(t, up)
+	ks, err := keyspace.New(*keysConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := mimirLV2Key()
+	upKey, _, _ := ks.AppendRewrite(nil, []byte(long))
+	value := strings.Repeat("postings 1234567 ", 20)
+	rewrites := 0 // requests naming the long key
+	do := func(req, want string, naming int) {
+		t.Helper()
+		rewrites += naming
+		if got := c.do(req); got != want {
+			t.Fatalf("%q answered %q, want %q", short(req), short(got), short(want))
+		}
+		if n := loopHandovers(p); n != 0 {
+			t.Fatalf("%q moved the connection off the loop", short(req))
+		}
+	}
+	valueOf := func(key, v string, flags int) string {
+		return "VALUE " + key + " " + strconv.Itoa(flags) + " " + strconv.Itoa(len(v)) + "\r\n" + v + "\r\n"
+	}
+
+	do("set "+long+" 3 0 "+strconv.Itoa(len(value))+"\r\n"+value+"\r\n", "STORED\r\n", 1)
+	do("set P2:loop 5 0 "+strconv.Itoa(len(value))+"\r\n"+value+"\r\n", "STORED\r\n", 0)
+	do("set plain 0 0 1\r\nx\r\n", "STORED\r\n", 0)
+	do("get "+long+"\r\n", valueOf(long, value, 3)+"END\r\n", 1)
+	do("get "+long+" plain P2:loop "+long+"\r\n",
+		valueOf(long, value, 3)+valueOf("plain", "x", 0)+valueOf("P2:loop", value, 5)+valueOf(long, value, 3)+"END\r\n", 2)
+	if got := c.do("gets " + long + "\r\n"); !strings.HasPrefix(got, "VALUE "+long+" 3 "+strconv.Itoa(len(value))+" ") || !strings.HasSuffix(got, value+"\r\nEND\r\n") {
+		t.Fatalf("gets of the long key answered %q", short(got))
+	}
+	rewrites++
+	flags, stored, ok := rawItem(t, direct, "P2:loop")
+	if !ok || flags != 5|1<<codec.DefaultFlagBit || len(stored) >= len(value) {
+		t.Fatalf("postings value stored with flags %d, %d bytes for %d", flags, len(stored), len(value))
+	}
+	do("touch "+long+" 100\r\n", "TOUCHED\r\n", 1)
+	do("delete "+long+"\r\n", "DELETED\r\n", 1)
+	do("get "+long+"\r\n", "END\r\n", 1)
+
+	// A plain item at the rewritten key is another client's value: a miss.
+	rawSet(t, direct, string(upKey), 0, "plain")
+	do("get "+long+"\r\n", "END\r\n", 1)
+	if n := p.stats.keyUnbound.Load(); n != 1 {
+		t.Errorf("%d unbound items counted, want 1", n)
+	}
+	// A damaged envelope is a miss, deleted at the rewritten key.
+	do("set "+long+" 3 0 "+strconv.Itoa(len(value))+"\r\n"+value+"\r\n", "STORED\r\n", 1)
+	flags, stored, _ = rawItem(t, direct, string(upKey))
+	b := []byte(stored)
+	b[len(b)/2] ^= 1
+	rawSet(t, direct, string(upKey), flags, string(b))
+	do("get "+long+"\r\n", "END\r\n", 1)
+	if !waitFor(5*time.Second, func() bool {
+		_, _, still := rawItem(t, direct, string(upKey))
+		return !still && p.stats.codecDeleted.Load() == 1
+	}) {
+		t.Error("the damaged item was not deleted")
+	}
+
+	if n := loopHandovers(p); n != 0 {
+		t.Fatalf("%d connections left the loop for commands it answers", n)
+	}
+	var counted uint64
+	for i := range p.stats.keyRewrites {
+		counted += p.stats.keyRewrites[i].Load()
+	}
+	if counted != uint64(rewrites) {
+		t.Errorf("%d rewrites counted for %d requests naming the long key", counted, rewrites)
+	}
+	// Three enveloped values stored: the long key's twice, P2:loop once.
+	if logical := p.stats.codecLogical.Load(); logical != uint64(3*len(value)) {
+		t.Errorf("%d enveloped bytes counted, want %d", logical, 3*len(value))
+	}
 }
