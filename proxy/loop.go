@@ -60,8 +60,6 @@ type eventLoops struct {
 	// abandon: Shutdown's grace ran out, and the replies still owed are
 	// not written.
 	abandon atomic.Bool
-	// handovers counts connections moved to the goroutine path.
-	handovers atomic.Uint64
 
 	mu    sync.Mutex
 	loops map[gnet.EventLoop]*loopState
@@ -1209,7 +1207,7 @@ func (lc *loopClient) closed(err error) {
 		c.p.untrack(c)
 		return
 	}
-	c.p.loops.handovers.Add(1)
+	c.p.stats.connsHandedOver.Add(1)
 	h := &handover{replies: make(chan [][]byte, len(lc.slots))}
 	if len(lc.slots) > 0 {
 		lc.hand = h

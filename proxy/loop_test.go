@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/spf13/pflag"
+
 	"mcsidecar/codec"
 	"mcsidecar/keyspace"
 	"mcsidecar/proxy/internal/wire"
@@ -15,12 +18,7 @@ import (
 
 // loopHandovers is how many connections p's event loops handed to the
 // goroutine path.
-func loopHandovers(p *Proxy) uint64 {
-	p.mu.Lock()
-	l := p.loops
-	p.mu.Unlock()
-	return l.handovers.Load()
-}
+func loopHandovers(p *Proxy) uint64 { return p.stats.connsHandedOver.Load() }
 
 // loopConfig is testConfig served on one event loop.
 func loopConfig(upstreams ...string) Config {
@@ -116,6 +114,13 @@ func TestEventLoopKeepsGetsAndSets(t *testing.T) {
 	if n := loopHandovers(p); n != 1 {
 		t.Errorf("%d handovers, want 1", n)
 	}
+	const exported = `# HELP mcsidecar_client_connections_handed_over_total Client connections moved from an event loop to the goroutine path, at the first command the loop does not answer.
+# TYPE mcsidecar_client_connections_handed_over_total counter
+mcsidecar_client_connections_handed_over_total 1
+`
+	if err := testutil.GatherAndCompare(registry(t, p), strings.NewReader(exported), "mcsidecar_client_connections_handed_over_total"); err != nil {
+		t.Error(err)
+	}
 }
 
 // TestEventLoopRefusesWhatItCannotServe: the settings the loop does not
@@ -125,13 +130,46 @@ func TestEventLoopRefusesWhatItCannotServe(t *testing.T) {
 		"zones":        func(c *Config) { c.Upstreams, c.Zone, c.ZoneUpstreams = nil, "a", []string{"a=127.0.0.1:1"} },
 		"upstream TLS": func(c *Config) { c.UpstreamTLS.Enabled = true },
 		"client TLS":   func(c *Config) { c.TLS.CertPath, c.TLS.KeyPath = "cert.pem", "key.pem" },
-		"local tier":   func(c *Config) { c.LocalCacheSize = 1 << 20 },
+		"local tier":   func(c *Config) { c.LocalCacheSize, c.Keys, c.Codec = 1<<20, keysConfig(), codecConfig() },
 	} {
 		cfg := loopConfig("127.0.0.1:1")
 		change(&cfg)
 		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "--event-loops") {
 			t.Errorf("%s with --event-loops: %v, want refused", name, err)
 		}
+		// Left to choose, the proxy serves them on goroutines.
+		cfg.EventLoops = EventLoopsAuto
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("%s with --event-loops -1: %v", name, err)
+		}
+		if n := cfg.autoEventLoops(); n != 0 {
+			t.Errorf("%s with --event-loops -1 runs %d loops", name, n)
+		}
+	}
+}
+
+// TestEventLoopByDefault: --event-loops -1, the flag's default, serves
+// clients on one loop when the configuration allows it.
+func TestEventLoopByDefault(t *testing.T) {
+	up := startMemcached(t)
+	cfg := keyspaceConfig(up)
+	cfg.EventLoops = EventLoopsAuto
+	p, addr := startProxy(t, cfg)
+	c := newLineClient(t, addr)
+	if got := c.do("set k 0 0 1\r\nx\r\n"); got != "STORED\r\n" {
+		t.Fatalf("set answered %q", got)
+	}
+	p.mu.Lock()
+	l := p.loops
+	p.mu.Unlock()
+	if l == nil || p.cfg.EventLoops != 1 {
+		t.Fatalf("--event-loops -1 serves on %d loops", p.cfg.EventLoops)
+	}
+	fs := pflag.NewFlagSet("proxy", pflag.ContinueOnError)
+	var flagCfg Config
+	flagCfg.RegisterFlags(fs)
+	if flagCfg.EventLoops != EventLoopsAuto {
+		t.Errorf("--event-loops defaults to %d", flagCfg.EventLoops)
 	}
 }
 

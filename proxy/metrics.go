@@ -22,6 +22,7 @@ type collector struct {
 	accepted    *prometheus.Desc
 	refusedConn *prometheus.Desc
 	idleClosed  *prometheus.Desc
+	handedOver  *prometheus.Desc
 	bytesIn     *prometheus.Desc
 	bytesOut    *prometheus.Desc
 	keys        *prometheus.Desc
@@ -62,6 +63,7 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 		accepted:    prometheus.NewDesc(ns+"_client_connections_accepted_total", "Client connections accepted.", nil, nil),
 		refusedConn: prometheus.NewDesc(ns+"_client_connections_refused_total", "Client connections closed at accept because the proxy was at --max-connections.", nil, nil),
 		idleClosed:  prometheus.NewDesc(ns+"_client_connections_idle_closed_total", "Client connections closed after --idle-timeout without a complete request.", nil, nil),
+		handedOver:  prometheus.NewDesc(ns+"_client_connections_handed_over_total", "Client connections moved from an event loop to the goroutine path, at the first command the loop does not answer.", nil, nil),
 		bytesIn:     prometheus.NewDesc(ns+"_client_read_bytes_total", "Bytes read from clients.", nil, nil),
 		bytesOut:    prometheus.NewDesc(ns+"_client_written_bytes_total", "Bytes written to clients.", nil, nil),
 		keys:        prometheus.NewDesc(ns+"_retrieved_keys_total", "Keys asked for by retrieval commands, by result.", []string{"result"}, nil),
@@ -122,6 +124,7 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(m.accepted, uint64(s.totalConns.Load()))
 	counter(m.refusedConn, s.connsRefused.Load())
 	counter(m.idleClosed, s.connsIdleClosed.Load())
+	counter(m.handedOver, s.connsHandedOver.Load())
 	counter(m.bytesIn, s.bytesRead.Load())
 	counter(m.bytesOut, s.bytesWritten.Load())
 	counter(m.keys, s.getHits.Load()+s.touchHits.Load(), "hit")

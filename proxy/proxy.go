@@ -64,6 +64,12 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.EventLoops == EventLoopsAuto {
+		cfg.EventLoops = cfg.autoEventLoops()
+		if cfg.EventLoops == 0 {
+			log.Info("serving a goroutine per connection: the event loop does not carry TLS, zones or the local tier yet")
+		}
+	}
 	var err error
 	var cd *codec.Codec
 	if cfg.Codec != nil {

@@ -34,6 +34,7 @@ type stats struct {
 	upstreamGets             atomic.Uint64 // get requests sent upstream
 	upstreamGetKeys          atomic.Uint64 // keys in them
 	connsIdleClosed          atomic.Uint64 // closed by --idle-timeout
+	connsHandedOver          atomic.Uint64 // moved from an event loop to the goroutine path
 	requests                 [numCommands][numOutcomes]atomic.Uint64
 
 	// Values, when the codec is on: envelopes refused on read by reason
