@@ -204,12 +204,32 @@ type loopUpstream struct {
 	srv     *upstream.Server
 	gc      gnet.Conn
 	dialing bool
-	out     []byte     // requests not written yet
-	q       []*loopReq // requests in order; the first sent are written
+	out     []byte   // requests not written yet
+	q       reqQueue // requests in order; the first sent are written
 	sent    int
 	scan    replyScan
 	// batchErr is the first error a reply of the batch in flight was.
 	batchErr error
+}
+
+// reqQueue is a connection's requests in order: a slice read from head,
+// whose array is used again once every request in it is answered.
+type reqQueue struct {
+	buf  []*loopReq
+	head int
+}
+
+func (q *reqQueue) len() int        { return len(q.buf) - q.head }
+func (q *reqQueue) push(r *loopReq) { q.buf = append(q.buf, r) }
+func (q *reqQueue) front() *loopReq { return q.buf[q.head] }
+func (q *reqQueue) all() []*loopReq { return q.buf[q.head:] }
+
+// pop takes the first request off.
+func (q *reqQueue) pop() {
+	q.buf[q.head] = nil
+	if q.head++; q.head == len(q.buf) {
+		q.buf, q.head = q.buf[:0], 0
+	}
 }
 
 // Free lists: what a finished request gives back, bounded so that a burst
@@ -403,12 +423,12 @@ func (ls *loopState) check(now time.Time) {
 	p := ls.l.p
 	for srv, u := range ls.ups {
 		switch {
-		case srv.Closed() && len(u.q) == 0:
+		case srv.Closed() && u.q.len() == 0:
 			// Discovery took the server out of the set, and what was
 			// asked of it before is answered.
 			u.abort(net.ErrClosed)
 			delete(ls.ups, srv)
-		case u.sent > 0 && now.Sub(u.q[0].began) > p.cfg.Timeout:
+		case u.sent > 0 && now.Sub(u.q.front().began) > p.cfg.Timeout:
 			// The oldest request written was not answered in time: the
 			// timeout bounds every upstream request, however its reply
 			// trickles in.
@@ -568,7 +588,7 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 		if first >= 0 {
 			continue
 		}
-		u := ls.upstream(up.Servers[up.Pick(string(rk.up), c.p.cfg.EjectRehash)])
+		u := ls.upstream(up.Servers[up.PickBytes(rk.up, c.p.cfg.EjectRehash)])
 		ri := 0
 		for ri < len(reqUps) && reqUps[ri] != u {
 			ri++
@@ -599,7 +619,7 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 			u.out = append(u.out, s.upKey(o)...)
 		}
 		u.out = append(u.out, crlf...)
-		u.q = append(u.q, r)
+		u.q.push(r)
 		u.srv.CountGet(len(r.asked))
 	}
 	return true
@@ -657,7 +677,7 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 		u.out = appendStorage(u.out, storageVerbs[id], string(rk.up), flags, a.exptime, len(value), a.cas, id == cmdCas)
 		u.out = append(u.out, value...)
 		u.out = append(u.out, crlf...)
-		u.q = append(u.q, r)
+		u.q.push(r)
 	}
 	return total, true
 }
@@ -700,7 +720,7 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 	u, r := lc.command(id, up, noreply, loopWrite{})
 	if u != nil {
 		u.out = appendKeyCommand(u.out, keyVerbs[id], string(up), arg)
-		u.q = append(u.q, r)
+		u.q.push(r)
 	}
 	return true
 }
@@ -711,7 +731,7 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 // failed already. A storage command gives what its write counts.
 func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite) (*loopUpstream, *loopReq) {
 	up := lc.c.p.zones[0].up.Load()
-	u := lc.ls.upstream(up.Servers[up.Pick(string(key), lc.c.p.cfg.EjectRehash)])
+	u := lc.ls.upstream(up.Servers[up.PickBytes(key, lc.c.p.cfg.EjectRehash)])
 	s := lc.ls.slot(lc, id)
 	s.noreply, s.pending, s.srv, s.write = noreply, 1, u.srv, w
 	lc.slots = append(lc.slots, s)
@@ -749,7 +769,7 @@ func (ls *loopState) upstream(srv *upstream.Server) *loopUpstream {
 // flush writes the requests waiting when no batch is in flight, dialling
 // first if the loop has no connection to the server.
 func (u *loopUpstream) flush() {
-	if len(u.q) == u.sent || u.sent > 0 {
+	if u.q.len() == u.sent || u.sent > 0 {
 		return
 	}
 	if u.gc == nil {
@@ -757,10 +777,10 @@ func (u *loopUpstream) flush() {
 		return
 	}
 	now := time.Now()
-	for _, r := range u.q {
+	for _, r := range u.q.all() {
 		r.began = now // the upstream timeout runs from here
 	}
-	u.sent = len(u.q)
+	u.sent = u.q.len()
 	u.batchErr = nil
 	u.gc.Write(u.out) // an error closes the connection, and OnClose fails the batch
 	u.out = u.out[:0]
@@ -811,12 +831,12 @@ func (u *loopUpstream) abort(err error) {
 // fail answers every queued request with err, counted once against the
 // server.
 func (u *loopUpstream) fail(err error) {
-	if len(u.q) == 0 {
+	if u.q.len() == 0 {
 		return
 	}
-	u.srv.Record(u.q[0].began, err)
-	q := u.q
-	u.q, u.sent, u.out = nil, 0, u.out[:0]
+	u.srv.Record(u.q.front().began, err)
+	q := u.q.all()
+	u.q, u.sent, u.out = reqQueue{}, 0, u.out[:0] // what answering q queues goes to a new array
 	u.scan = replyScan{}
 	for _, r := range q {
 		if r.drop {
@@ -845,7 +865,7 @@ func (u *loopUpstream) replies() {
 	data, _ := u.gc.Peek(-1)
 	off := 0
 	for u.sent > 0 && off < len(data) {
-		r := u.q[0]
+		r := u.q.front()
 		if u.scan.acc == nil {
 			u.scan.acc = u.ls.buf()
 		}
@@ -869,8 +889,7 @@ func (u *loopUpstream) replies() {
 			}
 			err = fmt.Errorf("get: memcached replied: %q", reply)
 		}
-		u.q[0] = nil
-		u.q = u.q[1:]
+		u.q.pop()
 		u.sent--
 		if err != nil && u.batchErr == nil {
 			u.batchErr = err
@@ -902,9 +921,6 @@ func (u *loopUpstream) replies() {
 	}
 	if off > 0 {
 		u.gc.Discard(off)
-	}
-	if len(u.q) == 0 {
-		u.q = u.q[:0:0]
 	}
 	u.flush()
 }
@@ -1077,14 +1093,14 @@ func valueBlock(key []byte, flags uint32, v []byte, cas uint64, withCAS bool) []
 func (s *loopSlot) deleteCorrupt(key []byte) {
 	lc := s.client
 	up := lc.c.p.zones[0].up.Load()
-	u := lc.ls.upstream(up.Servers[up.Pick(string(key), lc.c.p.cfg.EjectRehash)])
+	u := lc.ls.upstream(up.Servers[up.PickBytes(key, lc.c.p.cfg.EjectRehash)])
 	r := lc.ls.req(s)
 	r.store, r.drop, r.began = true, true, time.Now()
 	s.pending++
 	u.out = append(u.out, "delete "...)
 	u.out = append(u.out, key...)
 	u.out = append(u.out, crlf...)
-	u.q = append(u.q, r)
+	u.q.push(r)
 	u.flush()
 }
 

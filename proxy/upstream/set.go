@@ -1,6 +1,8 @@
 package upstream
 
 import (
+	"unsafe"
+
 	"github.com/cespare/xxhash/v2"
 	jump "github.com/dgryski/go-jump"
 )
@@ -62,6 +64,12 @@ func (u *Set) Pick(key string, rehash bool) int {
 		return u.rehash(key, i)
 	}
 	return i
+}
+
+// PickBytes is Pick of a key in a buffer, which it does not copy: the
+// selectors only hash the key, and keep nothing of it.
+func (u *Set) PickBytes(key []byte, rehash bool) int {
+	return u.Pick(unsafe.String(unsafe.SliceData(key), len(key)), rehash)
 }
 
 // rehash picks a server that is up for a key whose own server is ejected.
