@@ -5,9 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
+	"math/bits"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -35,7 +38,7 @@ import (
 //
 // The loop answers the commands store-gateways send all day: get and
 // gets, the storage commands (values enveloped and keys rewritten as on
-// the goroutine path), delete, touch, incr and decr; not the
+// the goroutine path), delete, touch, incr and decr, and version; not the
 // read-modify-writes of enveloped values.
 // At the first command it does not answer, the connection is handed, with
 // the bytes it has not read yet and the replies still owed, to the
@@ -88,7 +91,8 @@ type loopClient struct {
 	// closing marks a close the loop asked for itself.
 	handoff, closing bool
 	hangUp           bool // the command handed over is an HTTP request
-	inProcess        bool // process is running: a reply written meanwhile must not start it again
+	inProcess        bool // process is running: replies made meanwhile are written when it ends
+	inTraffic        bool // in the client's own OnTraffic, which closes it by its return
 	unread           int  // bytes buffered that were already counted
 	last             time.Time
 	hand             *handover // replies owed to a connection handed over
@@ -113,8 +117,8 @@ type loopSlot struct {
 	ups    []byte
 	owners []loopOwner
 	reqs   []*loopReq
-	seen   map[string]int // owner of each key, in a retrieval of many
-	err    error          // the first failed request's error
+	seen   []int32 // 1 + the owner of each key, by hash, in a retrieval of many
+	err    error   // the first failed request's error
 	// A storage command's server, and what its write adds to the byte
 	// counters once stored.
 	srv   *upstream.Server
@@ -133,17 +137,26 @@ type loopWrite struct {
 
 // named returns the owner of the first key equal to k among the n keys
 // of a retrieval whose first i are in s, or -1. A short retrieval scans
-// them; a long one keeps a map.
+// them; a long one keeps a table of them by hash.
 func (s *loopSlot) named(k []byte, i, n int) int {
 	if n > seenScanMax {
-		if s.seen == nil {
-			s.seen = make(map[string]int)
+		// Open addressing in a table of at least twice n entries.
+		if i == 0 {
+			size := 1 << bits.Len(uint(2*n-1))
+			s.seen = slices.Grow(s.seen[:0], size)[:size]
+			clear(s.seen)
 		}
-		if o, ok := s.seen[string(k)]; ok {
-			return o
+		mask := len(s.seen) - 1
+		for h := int(maphash.Bytes(loopSeed, k)) & mask; ; h = (h + 1) & mask {
+			j := int(s.seen[h]) - 1
+			if j < 0 {
+				s.seen[h] = int32(i + 1)
+				return -1
+			}
+			if bytes.Equal(s.key(j), k) {
+				return j
+			}
 		}
-		s.seen[string(k)] = i
-		return -1
 	}
 	for j := range i {
 		if s.owners[j].first == 0 && bytes.Equal(s.key(j), k) {
@@ -220,9 +233,20 @@ type reqQueue struct {
 }
 
 func (q *reqQueue) len() int        { return len(q.buf) - q.head }
-func (q *reqQueue) push(r *loopReq) { q.buf = append(q.buf, r) }
 func (q *reqQueue) front() *loopReq { return q.buf[q.head] }
 func (q *reqQueue) all() []*loopReq { return q.buf[q.head:] }
+
+// push adds r at the end. A full array whose first requests are answered
+// has the rest moved down first, so that a queue that never empties does
+// not grow.
+func (q *reqQueue) push(r *loopReq) {
+	if len(q.buf) == cap(q.buf) && q.head > 0 {
+		n := copy(q.buf, q.buf[q.head:])
+		clear(q.buf[n:])
+		q.buf, q.head = q.buf[:n], 0
+	}
+	q.buf = append(q.buf, r)
+}
 
 // pop takes the first request off.
 func (q *reqQueue) pop() {
@@ -237,7 +261,11 @@ func (q *reqQueue) pop() {
 const (
 	loopFreeMax  = 1024
 	loopBufLimit = 1 << 20
+	loopSeenKeep = 4096 // entries of a repeat table kept with a free slot
 )
+
+// loopSeed seeds the hashes of the keys a retrieval looks for repeats of.
+var loopSeed = maphash.MakeSeed()
 
 // take returns the last of a free list, or a new one.
 func take[T any](free *[]*T) *T {
@@ -294,7 +322,11 @@ func (ls *loopState) putSlot(s *loopSlot) {
 	clear(s.out)
 	clear(s.owners)
 	clear(s.reqs)
-	*s = loopSlot{out: s.out[:0], line: s.line[:0], keys: s.keys[:0], ends: s.ends[:0], ups: s.ups[:0], owners: s.owners[:0], reqs: s.reqs[:0], seen: s.seen}
+	seen := s.seen
+	*s = loopSlot{out: s.out[:0], line: s.line[:0], keys: s.keys[:0], ends: s.ends[:0], ups: s.ups[:0], owners: s.owners[:0], reqs: s.reqs[:0]}
+	if cap(seen) <= loopSeenKeep {
+		s.seen = seen[:0]
+	}
 	if len(ls.slots) < loopFreeMax {
 		ls.slots = append(ls.slots, s)
 	}
@@ -462,10 +494,12 @@ func (lc *loopClient) traffic() gnet.Action {
 	if n > lc.unread {
 		lc.c.p.stats.bytesRead.Add(uint64(n - lc.unread))
 	}
+	lc.inTraffic = true
 	lc.process()
+	lc.inTraffic = false
 	lc.unread = lc.gc.InboundBuffered()
-	if lc.handoff && len(lc.slots) == 0 && lc.gc.OutboundBuffered() == 0 {
-		return gnet.Close
+	if (lc.handoff || lc.c.p.draining()) && len(lc.slots) == 0 && lc.gc.OutboundBuffered() == 0 {
+		return gnet.Close // what written leaves to this callback's return
 	}
 	return gnet.None
 }
@@ -477,7 +511,6 @@ func (lc *loopClient) process() {
 		return
 	}
 	lc.inProcess = true
-	defer func() { lc.inProcess = false }()
 	data, _ := lc.gc.Peek(-1)
 	off := 0
 	first := len(lc.slots) // the replies to this read
@@ -505,6 +538,10 @@ func (lc *loopClient) process() {
 	}
 	for _, u := range lc.ls.ups {
 		u.flush()
+	}
+	lc.inProcess = false
+	if len(lc.slots) > 0 && lc.slots[0].pending == 0 {
+		lc.written() // replies made here: version, a request to an ejected server
 	}
 }
 
@@ -534,8 +571,22 @@ func (lc *loopClient) request(data []byte) (int, bool) {
 		return lc.store(cmd.id, words, data, i+1)
 	case cmdDelete, cmdTouch, cmdIncr, cmdDecr:
 		return i + 1, lc.keyCommand(cmd.id, words)
+	case cmdVersion:
+		lc.version()
+		return i + 1, true
 	}
 	return 0, false
+}
+
+// version answers version, which some clients send when they connect, in
+// its place among the replies owed.
+func (lc *loopClient) version() {
+	p := lc.c.p
+	s := lc.ls.slot(lc, cmdVersion)
+	s.line = append(append(append(s.line[:0], "VERSION "...), p.version...), crlf...)
+	s.out = append(s.out, s.line)
+	lc.slots = append(lc.slots, s)
+	p.stats.record(cmdVersion, outcomeOK)
 }
 
 // validKey reports whether the loop may take key: one memcached accepts,
@@ -600,7 +651,6 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 		r := s.reqs[ri]
 		r.asked = append(r.asked, i)
 	}
-	clear(s.seen)
 	lc.slots = append(lc.slots, s)
 	c.lastCmd.Store(s.began.UnixNano())
 	s.pending = len(reqUps)
@@ -1107,6 +1157,9 @@ func (s *loopSlot) deleteCorrupt(key []byte) {
 // written writes the client's replies that are ready, in order, and hands
 // the connection over once nothing is owed when that was asked.
 func (lc *loopClient) written() {
+	if lc.inProcess {
+		return // process writes what is ready when it ends
+	}
 	st := lc.c.p.stats
 	n := 0
 	for n < len(lc.slots) && lc.slots[n].pending == 0 {
@@ -1141,12 +1194,14 @@ func (lc *loopClient) written() {
 		return
 	}
 	if lc.handoff || lc.c.p.draining() {
-		if lc.gc.OutboundBuffered() == 0 {
+		// gnet must not close a connection inside its own OnTraffic:
+		// traffic closes it by its return.
+		if !lc.inTraffic && lc.gc.OutboundBuffered() == 0 {
 			lc.ls.el.Close(lc.gc)
 		}
 		return
 	}
-	if !lc.inProcess && lc.gc.InboundBuffered() > 0 {
+	if lc.gc.InboundBuffered() > 0 {
 		lc.process() // requests held back while too many replies were owed
 	}
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"slices"
 	"strconv"
 	"strings"
@@ -68,6 +69,24 @@ func TestEventLoopKeepsGetsAndSets(t *testing.T) {
 	if got := c.do("get loop:1 nothing loop:1\r\n"); got != "VALUE loop:1 7 6\r\nloop:1\r\nVALUE loop:1 7 6\r\nloop:1\r\nEND\r\n" {
 		t.Fatalf("a get naming a key twice answered %q", got)
 	}
+	// Over 16 keys the repeats are found by hash.
+	many := slices.Concat(keys[:20], []string{keys[3], "nothing", keys[3], keys[19], "nothing"})
+	want.Reset()
+	for _, k := range many {
+		if k != "nothing" {
+			want.WriteString("VALUE " + k + " 7 " + strconv.Itoa(len(k)) + "\r\n" + k + "\r\n")
+		}
+	}
+	want.WriteString("END\r\n")
+	asked := p.stats.upstreamGetKeys.Load()
+	for range 2 { // the second time, with the slot's table used again
+		if got := c.do("get " + strings.Join(many, " ") + "\r\n"); got != want.String() {
+			t.Fatalf("a get of 25 keys with repeats answered %q", short(got))
+		}
+	}
+	if n := p.stats.upstreamGetKeys.Load() - asked; n != 2*21 {
+		t.Errorf("two gets of 21 distinct keys among 25 asked %d keys upstream", n)
+	}
 	for _, tc := range []struct{ req, want string }{
 		{"add loop:1 0 0 1\r\nx\r\n", "NOT_STORED\r\n"},
 		{"replace loop:1 9 0 2\r\nyy\r\n", "STORED\r\n"},
@@ -84,9 +103,20 @@ func TestEventLoopKeepsGetsAndSets(t *testing.T) {
 		{"decr n 50\r\n", "0\r\n"},
 		{"incr loop:2 1\r\n", "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n"},
 		{"incr nothing 1\r\n", "NOT_FOUND\r\n"},
+		{"version\r\n", "VERSION mcsidecar-test\r\n"},
 	} {
 		if got := c.do(tc.req); got != tc.want {
 			t.Errorf("%q answered %q, want %q", tc.req, got, tc.want)
+		}
+	}
+	// A version between gets owed upstream is answered in its place.
+	c.c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.c.Write([]byte("get loop:2\r\nversion\r\nget loop:3\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"VALUE loop:2 7 6\r\nloop:2\r\nEND\r\n", "VERSION mcsidecar-test\r\n", "VALUE loop:3 7 6\r\nloop:3\r\nEND\r\n"} {
+		if got, err := readReply(c.br); err != nil || got != want {
+			t.Fatalf("pipelined reply %q (%v), want %q", got, err, want)
 		}
 	}
 	if n := loopHandovers(p); n != 0 {
@@ -96,13 +126,13 @@ func TestEventLoopKeepsGetsAndSets(t *testing.T) {
 	// Pipelined in one write: gets owed upstream, then a command the loop
 	// does not answer, then more.
 	c.c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.c.Write([]byte("get loop:2\r\nset loop:x 0 0 1\r\nx\r\nversion\r\nget loop:x\r\ndelete loop:x\r\n")); err != nil {
+	if _, err := c.c.Write([]byte("get loop:2\r\nset loop:x 0 0 1\r\nx\r\nverbosity 1\r\nget loop:x\r\ndelete loop:x\r\n")); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
 		"VALUE loop:2 7 6\r\nloop:2\r\nEND\r\n",
 		"STORED\r\n",
-		"VERSION mcsidecar-test\r\n",
+		"OK\r\n",
 		"VALUE loop:x 0 1\r\nx\r\nEND\r\n",
 		"DELETED\r\n",
 	} {
@@ -316,5 +346,80 @@ func TestEventLoopKeepsEnvelopesAndRewrites(t *testing.T) {
 	// Three enveloped values stored: the long key's twice, P2:loop once.
 	if logical := p.stats.codecLogical.Load(); logical != uint64(3*len(value)) {
 		t.Errorf("%d enveloped bytes counted, want %d", logical, 3*len(value))
+	}
+}
+
+// TestReqQueueStaysSmall: a queue that never empties, as a busy
+// connection's, keeps its requests in order in an array that does not grow
+// past what it holds at once.
+func TestReqQueueStaysSmall(t *testing.T) {
+	var q reqQueue
+	reqs := make([]*loopReq, 10000)
+	for i := range reqs {
+		reqs[i] = &loopReq{}
+	}
+	next := 0
+	for i, r := range reqs {
+		q.push(r)
+		if i%3 != 0 { // more pushed than popped, until 3 are held
+			continue
+		}
+		for q.len() > 3 {
+			if q.front() != reqs[next] {
+				t.Fatalf("request %d came out of order", next)
+			}
+			q.pop()
+			next++
+		}
+	}
+	if c := cap(q.buf); c > 16 {
+		t.Errorf("a queue of at most 6 requests grew to %d", c)
+	}
+	for q.len() > 0 {
+		if q.front() != reqs[next] {
+			t.Fatalf("request %d came out of order", next)
+		}
+		q.pop()
+		next++
+	}
+	if next != len(reqs) {
+		t.Errorf("%d requests came out of %d", next, len(reqs))
+	}
+}
+
+// TestEventLoopDrainAnswersFromEjectedServer: while the proxy drains, a
+// request that fails at once (its server is ejected) is answered and the
+// connection closed, from inside the client's own read: the loop must not
+// close the connection under gnet there. The request races the drain's
+// next check, which would close the idle connection first, so the case
+// runs many times.
+func TestEventLoopDrainAnswersFromEjectedServer(t *testing.T) {
+	for range 30 {
+		cfg := loopConfig("127.0.0.1:1") // refused: ejected at the first failure
+		cfg.FailureLimit = 1
+		cfg.RetryInterval = time.Minute
+		p, addr, _ := serveProxy(t, cfg)
+		c := newLineClient(t, addr)
+		if got := c.do("get a\r\n"); got != "END\r\n" {
+			t.Fatalf("get with the server down answered %q", got)
+		}
+		done := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			done <- p.Shutdown(ctx)
+		}()
+		for !p.draining() {
+			time.Sleep(50 * time.Microsecond)
+		}
+		c.c.SetDeadline(time.Now().Add(5 * time.Second))
+		c.c.Write([]byte("get a\r\n"))
+		// The reply, or the close of the drain's check if it came first.
+		if got, err := readReply(c.br); err == nil && got != "END\r\n" {
+			t.Fatalf("get while draining answered %q", got)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("shutdown: %v", err)
+		}
 	}
 }
