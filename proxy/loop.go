@@ -115,6 +115,7 @@ type loopSlot struct {
 	keys   []byte
 	ends   []int
 	ups    []byte
+	arena  []byte // VALUE blocks written anew, see loopOwner
 	owners []loopOwner
 	reqs   []*loopReq
 	seen   []int32 // 1 + the owner of each key, by hash, in a retrieval of many
@@ -197,6 +198,9 @@ type loopOwner struct {
 	// value is an envelope bound to it.
 	bound          bool
 	upStart, upEnd int
+	// The block written anew (opened, or its CAS dropped) is
+	// arena[arenaStart:arenaEnd]; arenaEnd is 0 for one that is not.
+	arenaStart, arenaEnd int
 }
 
 // loopReq is one request on an upstream connection: a server's share of a
@@ -322,8 +326,11 @@ func (ls *loopState) putSlot(s *loopSlot) {
 	clear(s.out)
 	clear(s.owners)
 	clear(s.reqs)
-	seen := s.seen
+	seen, arena := s.seen, s.arena
 	*s = loopSlot{out: s.out[:0], line: s.line[:0], keys: s.keys[:0], ends: s.ends[:0], ups: s.ups[:0], owners: s.owners[:0], reqs: s.reqs[:0]}
+	if cap(arena) <= loopBufLimit {
+		s.arena = arena[:0]
+	}
 	if cap(seen) <= loopSeenKeep {
 		s.seen = seen[:0]
 	}
@@ -1068,14 +1075,23 @@ func (s *loopSlot) answer() {
 		}
 		oc = outcomeUpstreamError // the failed requests' keys are misses
 	}
+	// Blocks that are rewritten go into the slot's arena, which may move
+	// as it grows: they are pointed at once all are in.
 	for i := range s.owners {
 		o := &s.owners[i]
-		if o.first > 0 {
-			o.block = s.owners[o.first-1].block // already opened
-		} else if o.block != nil && (o.bound || p.codec != nil && p.codec.IsEnveloped(o.flags) || o.hasCAS && s.id == cmdGet) {
+		if o.first == 0 && o.block != nil && (o.bound || p.codec != nil && p.codec.IsEnveloped(o.flags) || o.hasCAS && s.id == cmdGet) {
 			if !s.open(i, o) {
 				o.block = nil
 			}
+		}
+	}
+	for i := range s.owners {
+		o := &s.owners[i]
+		switch {
+		case o.first > 0:
+			o.block = s.owners[o.first-1].block // the same key, earlier
+		case o.arenaEnd > 0:
+			o.block = s.arena[o.arenaStart:o.arenaEnd:o.arenaEnd]
 		}
 		hit := o.block != nil
 		if hit {
@@ -1109,7 +1125,7 @@ func (s *loopSlot) open(i int, o *loopOwner) bool {
 	if p.codec == nil || !p.codec.IsEnveloped(o.flags) {
 		// A plain value whose header names a CAS the client's get did
 		// not ask for.
-		o.block = valueBlock(key, o.flags, stored, 0, false)
+		s.inArena(o, key, o.flags, stored, 0, false)
 		return true
 	}
 	ls := s.client.ls
@@ -1125,16 +1141,17 @@ func (s *loopSlot) open(i int, o *loopOwner) bool {
 	ls.dec = v
 	p.stats.codecReadLogical.Add(uint64(len(v)))
 	p.stats.codecReadStored.Add(uint64(len(stored)))
-	o.block = valueBlock(key, flags, v, o.cas, s.id == cmdGets)
+	s.inArena(o, key, flags, v, o.cas, s.id == cmdGets)
 	return true
 }
 
-// valueBlock returns a VALUE block of its own, in one allocation.
-func valueBlock(key []byte, flags uint32, v []byte, cas uint64, withCAS bool) []byte {
-	b := make([]byte, 0, len("VALUE   ")+len(key)+3*20+len(v)+len("\r\n\r\n"))
-	b = appendValueHeader(b, string(key), flags, len(v), cas, withCAS)
-	b = append(b, v...)
-	return append(b, crlf...)
+// inArena writes o's VALUE block anew into the slot's arena.
+func (s *loopSlot) inArena(o *loopOwner, key []byte, flags uint32, v []byte, cas uint64, withCAS bool) {
+	o.arenaStart = len(s.arena)
+	s.arena = appendValueHeader(s.arena, string(key), flags, len(v), cas, withCAS)
+	s.arena = append(s.arena, v...)
+	s.arena = append(s.arena, crlf...)
+	o.arenaEnd = len(s.arena)
 }
 
 // deleteCorrupt deletes a damaged item, at its upstream key. The
