@@ -21,17 +21,6 @@ func (c *conn) validKey(key []byte) bool {
 	return ok
 }
 
-// tenantOf returns the per-tenant counters of a client key's tenant, or
-// nil when the per-tenant view is off or the key names no tenant. It
-// matches the key for that alone; a request learns its key's tenant from
-// resolve, with everything else it needs.
-func (c *conn) tenantOf(key []byte) *tenantCounters {
-	if c.p.tenants == nil {
-		return nil
-	}
-	return c.p.tenants.counters(c.p.keys.Tenant(key))
-}
-
 // What a command asks resolve about a key besides its upstream key. A key
 // is matched against the key schemes at most once, and only when the
 // match is read: the key is rewritten, or the command asks for something

@@ -646,7 +646,7 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 		if first >= 0 {
 			continue
 		}
-		u := ls.upstream(up.Servers[up.PickBytes(rk.up, c.p.cfg.EjectRehash)])
+		u := ls.upstreamOf(up, rk.up)
 		ri := 0
 		for ri < len(reqUps) && reqUps[ri] != u {
 			ri++
@@ -787,8 +787,7 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 // written there. The server is nil when it is ejected: the command has
 // failed already. A storage command gives what its write counts.
 func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite) (*loopUpstream, *loopReq) {
-	up := lc.c.p.zones[0].up.Load()
-	u := lc.ls.upstream(up.Servers[up.PickBytes(key, lc.c.p.cfg.EjectRehash)])
+	u := lc.ls.upstreamOf(lc.c.p.zones[0].up.Load(), key)
 	s := lc.ls.slot(lc, id)
 	s.noreply, s.pending, s.srv, s.write = noreply, 1, u.srv, w
 	lc.slots = append(lc.slots, s)
@@ -811,6 +810,12 @@ func (u *loopUpstream) admit(r *loopReq) bool {
 		r.done(nil, err)
 	}
 	return err == nil
+}
+
+// upstreamOf returns the loop's connection to the server of upstream key
+// key in the set up.
+func (ls *loopState) upstreamOf(up *upstream.Set, key []byte) *loopUpstream {
+	return ls.upstream(up.Servers[up.PickBytes(key, ls.l.p.cfg.EjectRehash)])
 }
 
 // upstream returns the loop's connection to srv, made when first needed.
@@ -1159,8 +1164,7 @@ func (s *loopSlot) inArena(o *loopOwner, key []byte, flags uint32, v []byte, cas
 // that a client that saw the miss never finds the item still there.
 func (s *loopSlot) deleteCorrupt(key []byte) {
 	lc := s.client
-	up := lc.c.p.zones[0].up.Load()
-	u := lc.ls.upstream(up.Servers[up.PickBytes(key, lc.c.p.cfg.EjectRehash)])
+	u := lc.ls.upstreamOf(lc.c.p.zones[0].up.Load(), key)
 	r := lc.ls.req(s)
 	r.store, r.drop, r.began = true, true, time.Now()
 	s.pending++
