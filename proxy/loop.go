@@ -39,7 +39,11 @@ import (
 // The loop answers the commands store-gateways send all day: get and
 // gets, the storage commands (values enveloped and keys rewritten as on
 // the goroutine path), delete, touch, incr and decr, and version; not the
-// read-modify-writes of enveloped values.
+// read-modify-writes of enveloped values. With zones, a retrieval falls
+// through the zones as on the goroutine path, the hits of other zones
+// filling the local one, and set, delete and touch go to every zone; the
+// other writes, whose outcome depends on what each zone holds, are left
+// to the goroutine path.
 // At the first command it does not answer, the connection is handed, with
 // the bytes it has not read yet and the replies still owed, to the
 // goroutine path, which answers everything.
@@ -119,10 +123,11 @@ type loopSlot struct {
 	owners []loopOwner
 	reqs   []*loopReq
 	seen   []int32 // 1 + the owner of each key, by hash, in a retrieval of many
-	err    error   // the first failed request's error
-	// A storage command's server, and what its write adds to the byte
-	// counters once stored.
-	srv   *upstream.Server
+	// zone is the zone a retrieval asks now, whose requests are
+	// reqs[zoneStart:].
+	zone, zoneStart int
+	// What a storage command's write adds to the byte counters once
+	// stored.
 	write loopWrite
 }
 
@@ -198,21 +203,33 @@ type loopOwner struct {
 	// value is an envelope bound to it.
 	bound          bool
 	upStart, upEnd int
-	// The block written anew (opened, or its CAS dropped) is
-	// arena[arenaStart:arenaEnd]; arenaEnd is 0 for one that is not.
+	// The block written anew (opened, its CAS dropped, or another zone's
+	// hit) is arena[arenaStart:arenaEnd]; arenaEnd is 0 for one that is
+	// not.
 	arenaStart, arenaEnd int
+	// zone is the zone the key was last asked of. A hit there from
+	// another zone than the local one is its mg reply, "VA …" and the
+	// value, with the item's time to live in ttl.
+	zone int
+	ttl  int32
+	err  error // the failure of the request that last asked for the key
 }
 
 // loopReq is one request on an upstream connection: a server's share of a
-// retrieval, a storage command, or a delete of a damaged item, whose reply
-// is dropped once it came (drop).
+// retrieval (meta: one mg per key, as other zones are asked), a command
+// of one key (store), or a delete of a damaged item or a zone fill, whose
+// reply is dropped once it came (drop).
 type loopReq struct {
 	slot  *loopSlot
+	srv   *upstream.Server
 	store bool
+	meta  bool
 	drop  bool
+	fill  bool
 	began time.Time
 	asked []int  // owner indexes, in the order the keys were asked
 	buf   []byte // the reply, which the owners' blocks point into
+	err   error
 }
 
 // loopUpstream is one loop's connection to one server.
@@ -689,7 +706,7 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (int, bool) {
 	c := lc.c
 	a := parseStoreArgs(words, id == cmdCas)
-	if !a.argsOK || !lc.validKey(a.key) {
+	if !a.argsOK || !lc.validKey(a.key) || !lc.everyZone(id) {
 		return 0, false
 	}
 	join := id == cmdAppend || id == cmdPrepend
@@ -729,14 +746,27 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 	if tenant != nil {
 		tenant.requests.Add(1)
 	}
-	u, r := lc.command(id, rk.up, a.noreply, loopWrite{tenant: tenant, size: len(value), enveloped: enveloped, logical: a.vlen})
-	if u != nil {
-		u.out = appendStorage(u.out, storageVerbs[id], string(rk.up), flags, a.exptime, len(value), a.cas, id == cmdCas)
-		u.out = append(u.out, value...)
-		u.out = append(u.out, crlf...)
-		u.q.push(r)
-	}
+	w := loopWrite{tenant: tenant, size: len(value), enveloped: enveloped, logical: a.vlen}
+	lc.command(id, rk.up, a.noreply, w, func(out []byte) []byte {
+		out = appendStorage(out, storageVerbs[id], string(rk.up), flags, a.exptime, len(value), a.cas, id == cmdCas)
+		out = append(out, value...)
+		return append(out, crlf...)
+	})
 	return total, true
+}
+
+// everyZone reports whether the loop sends command id: without zones,
+// any; with them, set, delete and touch, which go to every zone at once
+// (--zone-writes=all). The writes that depend on what a zone holds
+// (add, replace, cas, append, prepend, incr, decr), and every write with
+// --zone-writes=local, which tries the zones in turn, are left to the
+// goroutine path.
+func (lc *loopClient) everyZone(id int) bool {
+	p := lc.c.p
+	if len(p.zones) == 1 {
+		return true
+	}
+	return p.cfg.ZoneWrites != zoneWritesLocal && (id == cmdSet || id == cmdDelete || id == cmdTouch)
 }
 
 // keyVerbs names the commands of one key and no data upstream.
@@ -748,6 +778,9 @@ var keyVerbs = [numCommands]string{cmdDelete: "delete ", cmdTouch: "touch ", cmd
 func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 	key := w[1]
 	noreply := bytes.Equal(w[len(w)-1], noreplyWord)
+	if !lc.everyZone(id) {
+		return false
+	}
 	var arg []byte
 	switch id {
 	case cmdDelete:
@@ -774,31 +807,40 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 		return false
 	}
 	up := lc.c.resolve(key, 0).up
-	u, r := lc.command(id, up, noreply, loopWrite{})
-	if u != nil {
-		u.out = appendKeyCommand(u.out, keyVerbs[id], string(up), arg)
-		u.q.push(r)
-	}
+	lc.command(id, up, noreply, loopWrite{}, func(out []byte) []byte {
+		return appendKeyCommand(out, keyVerbs[id], string(up), arg)
+	})
 	return true
 }
 
-// command starts a command of one key whose reply is one line: the reply
-// owed to the client, and the request to key's server, returned to be
-// written there. The server is nil when it is ejected: the command has
-// failed already. A storage command gives what its write counts.
-func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite) (*loopUpstream, *loopReq) {
-	u := lc.ls.upstreamOf(lc.c.p.zones[0].up.Load(), key)
+// command sends a command of one key whose reply is one line, which build
+// appends, to key's server, in every zone with zones (see everyZone); a
+// request to an ejected server fails at once. A storage command gives
+// what its write counts.
+func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite, build func([]byte) []byte) {
+	p := lc.c.p
 	s := lc.ls.slot(lc, id)
-	s.noreply, s.pending, s.srv, s.write = noreply, 1, u.srv, w
+	s.noreply, s.pending, s.write = noreply, len(p.zones), w
 	lc.slots = append(lc.slots, s)
 	lc.c.lastCmd.Store(s.began.UnixNano())
-	r := lc.ls.req(s)
-	r.store = true
-	s.reqs = append(s.reqs, r)
-	if !u.admit(r) {
-		return nil, nil
+	var req []byte // the request, as built for the first zone that takes it
+	for _, z := range p.zones {
+		u := lc.ls.upstreamOf(z.up.Load(), key)
+		r := lc.ls.req(s)
+		r.store, r.srv = true, u.srv
+		s.reqs = append(s.reqs, r)
+		if !u.admit(r) {
+			continue
+		}
+		if req == nil {
+			start := len(u.out)
+			u.out = build(u.out)
+			req = u.out[start:]
+		} else {
+			u.out = append(u.out, req...) // another server's buffer
+		}
+		u.q.push(r)
 	}
-	return u, r
 }
 
 // admit reports whether r may go to the server; a request to an ejected
@@ -902,6 +944,9 @@ func (u *loopUpstream) fail(err error) {
 	u.scan = replyScan{}
 	for _, r := range q {
 		if r.drop {
+			if r.fill {
+				u.ls.l.p.fills[fillFailed].Add(1)
+			}
 			u.dropped(r)
 		} else {
 			r.done(nil, err)
@@ -931,7 +976,7 @@ func (u *loopUpstream) replies() {
 		if u.scan.acc == nil {
 			u.scan.acc = u.ls.buf()
 		}
-		n, whole, bad := u.scan.feed(data[off:], !r.store)
+		n, whole, bad := u.scan.feed(data[off:], r)
 		off += n
 		if bad {
 			u.abort(errLoopProtocol)
@@ -942,7 +987,7 @@ func (u *loopUpstream) replies() {
 		}
 		reply := u.scan.acc
 		var err error
-		if !r.store && !bytes.HasSuffix(reply, replyEnd) {
+		if !r.store && !r.meta && !bytes.HasSuffix(reply, replyEnd) {
 			// A retrieval answered by one line other than END: memcached's
 			// own error, whose keys are misses, or a reply out of step.
 			if !bytes.HasPrefix(reply, []byte("SERVER_ERROR ")) && !bytes.HasPrefix(reply, []byte("CLIENT_ERROR ")) {
@@ -968,8 +1013,14 @@ func (u *loopUpstream) replies() {
 		}
 		switch {
 		case r.drop:
-			if bytes.Equal(reply, replyDeleted) {
-				u.ls.l.p.stats.codecDeleted.Add(1)
+			p := u.ls.l.p
+			switch {
+			case r.fill && bytes.Equal(reply, replyStored):
+				p.fills[fillStored].Add(1)
+			case r.fill:
+				p.fills[fillNotStored].Add(1)
+			case bytes.Equal(reply, replyDeleted):
+				p.stats.codecDeleted.Add(1)
 			}
 			u.scan.reset()
 			u.dropped(r)
@@ -994,26 +1045,78 @@ var errLoopProtocol = errors.New("upstream reply out of step")
 func (r *loopReq) done(reply []byte, err error) {
 	s := r.slot
 	if r.store {
-		s.stored(reply, err)
+		s.stored(r, reply, err)
 		return
 	}
-	if err != nil {
-		if s.err == nil {
-			s.err = err
+	switch {
+	case err != nil:
+		r.err = err
+		for _, i := range r.asked {
+			s.owners[i].err = err
 		}
-	} else {
+	case r.meta:
+		r.buf = reply
+		s.matchMeta(r)
+	default:
 		r.buf = reply
 		s.match(r)
 	}
 	if s.pending--; s.pending == 0 {
-		s.answer()
-		s.client.written()
+		s.finish()
 	}
 }
 
-// stored answers a set with memcached's reply line, or err.
-func (s *loopSlot) stored(reply []byte, err error) {
-	st := s.client.c.p.stats
+// finish answers a retrieval whose requests are all in, once no other zone
+// is left to ask for the keys not found, and fills the local zone with
+// what the others had.
+func (s *loopSlot) finish() {
+	for s.askNextZone() {
+		if s.pending > 0 {
+			return
+		}
+	}
+	lc := s.client
+	filled := s.fill()
+	s.answer()
+	lc.written()
+	if filled {
+		// The client's reply is written first: a fill costs it no time.
+		for _, u := range lc.ls.ups {
+			u.flush()
+		}
+	}
+}
+
+// stored answers a command of one key with memcached's reply line, or
+// err. Sent to every zone, it is answered by the local zone's reply, or
+// when that failed, by the first zone's that answered.
+func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
+	p := s.client.c.p
+	st := p.stats
+	if err == nil && isServerError(reply) {
+		r.srv.CountServerError()
+	}
+	if len(p.zones) > 1 {
+		// s.reqs fills as the command is sent: one request per zone, in
+		// order, once all are in.
+		r.err, r.buf = err, append(r.buf[:0], reply...)
+		if s.pending--; s.pending > 0 {
+			return
+		}
+		answer := s.reqs[0]
+		for _, q := range s.reqs {
+			if q.err == nil {
+				answer = q
+				break
+			}
+		}
+		for z, q := range s.reqs {
+			if writeFailed(q.buf, q.err) {
+				p.zones[z].writeFailures.Add(1)
+			}
+		}
+		reply, err = answer.buf, answer.err
+	}
 	if err != nil {
 		line, oc := upstreamReply(err)
 		st.record(s.id, oc)
@@ -1021,9 +1124,6 @@ func (s *loopSlot) stored(reply []byte, err error) {
 	} else {
 		oc := replyOutcome(reply)
 		st.record(s.id, oc)
-		if isServerError(reply) {
-			s.srv.CountServerError()
-		}
 		if w := s.write; oc == outcomeStored {
 			if w.enveloped {
 				s.client.c.countStored(w.logical, w.size)
@@ -1066,25 +1166,179 @@ func (s *loopSlot) match(r *loopReq) {
 	}
 }
 
+// matchMeta points each asked key of r, a request of one mg per key, at
+// its reply: "VA …" and the value for a hit, EN for a miss, and an error
+// line for a key the server failed.
+func (s *loopSlot) matchMeta(r *loopReq) {
+	b := r.buf
+	for _, i := range r.asked {
+		o := &s.owners[i]
+		j := bytes.IndexByte(b, '\n')
+		line := b[:j+1]
+		if !bytes.HasPrefix(line, metaValue) {
+			if !bytes.Equal(line, metaMiss) {
+				o.err = fmt.Errorf("mg: memcached replied: %q", line)
+			}
+			b = b[j+1:]
+			continue
+		}
+		size, it, err := upstream.ParseMetaValue(line) // replyScan read it: no error
+		if err != nil {
+			o.err = err
+			return
+		}
+		end := j + 1 + size + 2
+		o.block, o.flags, o.size, o.cas, o.hasCAS, o.ttl = b[:end:end], it.Flags, size, it.CAS, true, it.TTL
+		b = b[end:]
+	}
+}
+
+// askNextZone asks the next zone for the keys that the zones asked so far
+// did not answer: misses, and keys whose server failed or is ejected,
+// with one mg per key (which tells the time to live a fill needs), in one
+// request per server. It counts the keys asked of the zone before, and
+// reports whether it asked another.
+func (s *loopSlot) askNextZone() bool {
+	p := s.client.c.p
+	if len(p.zones) == 1 {
+		return false
+	}
+	s.countZoneReads()
+	z := s.zone + 1
+	if z == len(p.zones) {
+		return false
+	}
+	ls := s.client.ls
+	up := p.zones[z].up.Load()
+	start := len(s.reqs)
+	var ups [4]*loopUpstream
+	reqUps := ups[:0]
+	for i := range s.owners {
+		o := &s.owners[i]
+		if o.first != 0 || o.block != nil {
+			continue
+		}
+		u := ls.upstreamOf(up, s.upKey(i))
+		ri := slices.Index(reqUps, u)
+		if ri < 0 {
+			ri = len(reqUps)
+			reqUps = append(reqUps, u)
+			r := ls.req(s)
+			r.meta = true
+			s.reqs = append(s.reqs, r)
+		}
+		r := s.reqs[start+ri]
+		r.asked = append(r.asked, i)
+		o.zone, o.err = z, nil
+	}
+	if len(reqUps) == 0 {
+		return false
+	}
+	s.zone, s.zoneStart = z, start
+	// One more than the requests, so that those that fail at once do not
+	// finish the retrieval before all are sent.
+	s.pending = len(reqUps) + 1
+	for ri, u := range reqUps {
+		r := s.reqs[start+ri]
+		if !u.admit(r) {
+			continue
+		}
+		for _, i := range r.asked {
+			u.out = append(u.out, "mg "...)
+			u.out = append(u.out, s.upKey(i)...)
+			u.out = append(u.out, " v f t c\r\n"...)
+		}
+		u.q.push(r)
+		u.srv.CountGet(len(r.asked))
+		u.flush()
+	}
+	s.pending--
+	return true
+}
+
+// countZoneReads counts the keys asked of the zone asked last, by result.
+func (s *loopSlot) countZoneReads() {
+	zone := s.client.c.p.zones[s.zone]
+	var hits, misses, errs, size uint64
+	for _, r := range s.reqs[s.zoneStart:] {
+		for _, i := range r.asked {
+			switch o := &s.owners[i]; {
+			case o.err != nil:
+				errs++
+			case o.block != nil:
+				hits++
+				size += uint64(o.size)
+			default:
+				misses++
+			}
+		}
+	}
+	zone.reads[zoneHit].Add(hits)
+	zone.reads[zoneMiss].Add(misses)
+	zone.reads[zoneError].Add(errs)
+	zone.readBytes.Add(size)
+}
+
+// fill stores the hits that other zones answered into the local zone, as
+// memcached holds them (envelopes included), with an add and their
+// remaining time to live: a value the local zone got meanwhile is newer,
+// and stays. It reports whether it queued any; the caller writes them.
+func (s *loopSlot) fill() bool {
+	p := s.client.c.p
+	if s.zone == 0 || !p.cfg.ZoneFill {
+		return false
+	}
+	ls := s.client.ls
+	up := p.zones[0].up.Load()
+	filled := false
+	for i := range s.owners {
+		o := &s.owners[i]
+		if o.first != 0 || o.zone == 0 || o.block == nil || o.ttl == 0 {
+			continue // a key gone in under a second is not worth it
+		}
+		key := s.upKey(i)
+		u := ls.upstreamOf(up, key)
+		now := time.Now()
+		if err := u.srv.Admit(); err != nil {
+			u.srv.Observe(now, err)
+			p.fills[fillFailed].Add(1)
+			continue
+		}
+		r := take(&ls.reqs)
+		r.srv, r.store, r.drop, r.fill, r.began = u.srv, true, true, true, now
+		u.out = appendStorage(u.out, "add", string(key), o.flags, int32(wire.ExptimeOf(o.ttl)), o.size, 0, false)
+		u.out = append(u.out, o.block[len(o.block)-o.size-2:]...)
+		u.q.push(r)
+		filled = true
+	}
+	return filled
+}
+
 // answer builds a retrieval's reply once every request is in.
 func (s *loopSlot) answer() {
 	p := s.client.c.p
 	st := p.stats
 	oc := outcomeOK
-	if s.err != nil {
+	for i := range s.owners {
+		o := &s.owners[i]
+		if o.first != 0 || o.err == nil {
+			continue
+		}
+		// A key whose last zone asked failed was not answered.
 		if p.cfg.RetrievalFailure == failureError {
-			line, _ := upstreamReply(s.err)
+			line, _ := upstreamReply(o.err)
 			st.record(s.id, outcomeUpstreamError)
 			s.out = append(s.out, line)
 			return
 		}
 		oc = outcomeUpstreamError // the failed requests' keys are misses
+		break
 	}
 	// Blocks that are rewritten go into the slot's arena, which may move
 	// as it grows: they are pointed at once all are in.
 	for i := range s.owners {
 		o := &s.owners[i]
-		if o.first == 0 && o.block != nil && (o.bound || p.codec != nil && p.codec.IsEnveloped(o.flags) || o.hasCAS && s.id == cmdGet) {
+		if o.first == 0 && o.block != nil && (o.zone > 0 || o.bound || p.codec != nil && p.codec.IsEnveloped(o.flags) || o.hasCAS && s.id == cmdGet) {
 			if !s.open(i, o) {
 				o.block = nil
 			}
@@ -1129,8 +1383,8 @@ func (s *loopSlot) open(i int, o *loopOwner) bool {
 	}
 	if p.codec == nil || !p.codec.IsEnveloped(o.flags) {
 		// A plain value whose header names a CAS the client's get did
-		// not ask for.
-		s.inArena(o, key, o.flags, stored, 0, false)
+		// not ask for, or another zone's hit.
+		s.inArena(o, key, o.flags, stored, o.cas, s.id == cmdGets)
 		return true
 	}
 	ls := s.client.ls
@@ -1139,7 +1393,7 @@ func (s *loopSlot) open(i int, o *loopOwner) bool {
 		r := codec.ReasonOf(err)
 		p.stats.codecRefused[r&15].Add(1)
 		if r.Damaged() && p.cfg.Codec.DeleteCorrupt {
-			s.deleteCorrupt(s.upKey(i))
+			s.deleteCorrupt(o.zone, s.upKey(i))
 		}
 		return false
 	}
@@ -1159,14 +1413,15 @@ func (s *loopSlot) inArena(o *loopOwner, key []byte, flags uint32, v []byte, cas
 	o.arenaEnd = len(s.arena)
 }
 
-// deleteCorrupt deletes a damaged item, at its upstream key. The
-// retrieval's reply waits for the delete's, as on the goroutine path, so
-// that a client that saw the miss never finds the item still there.
-func (s *loopSlot) deleteCorrupt(key []byte) {
+// deleteCorrupt deletes a damaged item, at its upstream key, in the zone
+// it was found in. The retrieval's reply waits for the delete's, as on the
+// goroutine path, so that a client that saw the miss never finds the item
+// still there.
+func (s *loopSlot) deleteCorrupt(zone int, key []byte) {
 	lc := s.client
-	u := lc.ls.upstreamOf(lc.c.p.zones[0].up.Load(), key)
+	u := lc.ls.upstreamOf(lc.c.p.zones[zone].up.Load(), key)
 	r := lc.ls.req(s)
-	r.store, r.drop, r.began = true, true, time.Now()
+	r.srv, r.store, r.drop, r.began = u.srv, true, true, time.Now()
 	s.pending++
 	u.out = append(u.out, "delete "...)
 	u.out = append(u.out, key...)
@@ -1228,18 +1483,21 @@ func (lc *loopClient) written() {
 }
 
 // replyScan reads one upstream reply at a time into acc: a retrieval's
-// VALUE blocks up to END, or one line.
+// VALUE blocks up to END, the replies to a request's mg lines, or one
+// line.
 type replyScan struct {
 	acc  []byte
 	line int // where the line being read starts in acc
 	need int // bytes of a value still to come, with their CRLF
+	mg   int // replies to mg lines read whole
 }
 
-func (r *replyScan) reset() { r.acc, r.line, r.need = r.acc[:0], 0, 0 }
+func (r *replyScan) reset() { r.acc, r.line, r.need, r.mg = r.acc[:0], 0, 0, 0 }
 
-// feed takes bytes of the reply from data. It returns how many it took,
+// feed takes bytes of req's reply from data. It returns how many it took,
 // whether the reply is whole, and whether it breaks the protocol.
-func (r *replyScan) feed(data []byte, retrieval bool) (took int, whole, bad bool) {
+func (r *replyScan) feed(data []byte, req *loopReq) (took int, whole, bad bool) {
+	retrieval := !req.store
 	for took < len(data) {
 		if r.need > 0 {
 			n := min(r.need, len(data)-took)
@@ -1252,6 +1510,11 @@ func (r *replyScan) feed(data []byte, retrieval bool) (took int, whole, bad bool
 				return took, false, true
 			}
 			r.line = len(r.acc)
+			if req.meta {
+				if r.mg++; r.mg == len(req.asked) {
+					return took, true, false
+				}
+			}
 			continue
 		}
 		i := bytes.IndexByte(data[took:], '\n')
@@ -1264,6 +1527,22 @@ func (r *replyScan) feed(data []byte, retrieval bool) (took int, whole, bad bool
 		line := r.acc[r.line:]
 		if len(line) > lineLimit {
 			return took, false, true // no reply line is this long
+		}
+		if req.meta {
+			if bytes.HasPrefix(line, metaValue) {
+				size, _, err := upstream.ParseMetaValue(line)
+				if err != nil {
+					return took, false, true
+				}
+				r.need = size + 2
+				continue
+			}
+			// EN, or an error line for one key.
+			r.line = len(r.acc)
+			if r.mg++; r.mg == len(req.asked) {
+				return took, true, false
+			}
+			continue
 		}
 		if !retrieval || !bytes.HasPrefix(line, replyValue) {
 			return took, true, false

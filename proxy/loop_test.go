@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -157,7 +158,6 @@ mcsidecar_client_connections_handed_over_total 1
 // support yet are refused at start, not ignored.
 func TestEventLoopRefusesWhatItCannotServe(t *testing.T) {
 	for name, change := range map[string]func(*Config){
-		"zones":        func(c *Config) { c.Upstreams, c.Zone, c.ZoneUpstreams = nil, "a", []string{"a=127.0.0.1:1"} },
 		"upstream TLS": func(c *Config) { c.UpstreamTLS.Enabled = true },
 		"client TLS":   func(c *Config) { c.TLS.CertPath, c.TLS.KeyPath = "cert.pem", "key.pem" },
 		"local tier":   func(c *Config) { c.LocalCacheSize, c.Keys, c.Codec = 1<<20, keysConfig(), codecConfig() },
@@ -218,20 +218,27 @@ func FuzzLoopReplyScan(f *testing.F) {
 		"VALUE k 0 2\r\nabcEND\r\n",
 		"VALUE k x 1\r\nx\r\nEND\r\n",
 		"STORED\r\n",
+		"VA 3 f0 t-1 c7\r\nabc\r\nEN\r\n",
+		"EN\r\nVA 0 f5 t10 c1\r\n\r\nSERVER_ERROR out of memory\r\n",
+		"VA 2 f0\r\nabcEN\r\n",
 	} {
-		f.Add([]byte(seed), true, uint8(3))
-		f.Add([]byte(seed), false, uint8(1))
+		f.Add([]byte(seed), uint8(1), uint8(1), uint8(3))
+		f.Add([]byte(seed), uint8(0), uint8(1), uint8(1))
+		f.Add([]byte(seed), uint8(2), uint8(2), uint8(2))
 	}
-	f.Fuzz(func(t *testing.T, data []byte, retrieval bool, step uint8) {
+	// kind: 0 a reply of one line, 1 a retrieval's, 2 the replies to keys
+	// mg lines.
+	f.Fuzz(func(t *testing.T, data []byte, kind, keys, step uint8) {
+		req := &loopReq{store: kind%3 == 0, meta: kind%3 == 2, asked: make([]int, int(keys%8)+1)}
 		var whole replyScan
-		n1, done1, bad1 := whole.feed(data, retrieval)
+		n1, done1, bad1 := whole.feed(data, req)
 		var parts replyScan
 		n2, done2, bad2 := 0, false, false
 		size := int(step%16) + 1
 		for n2 < len(data) && !done2 && !bad2 {
 			end := min(n2+size, len(data))
 			var took int
-			took, done2, bad2 = parts.feed(data[n2:end], retrieval)
+			took, done2, bad2 = parts.feed(data[n2:end], req)
 			n2 += took
 			if took < end-(n2-took) && !done2 && !bad2 {
 				t.Fatalf("took %d of a %d-byte piece without finishing", took, end-(n2-took))
@@ -421,5 +428,177 @@ func TestEventLoopDrainAnswersFromEjectedServer(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatalf("shutdown: %v", err)
 		}
+	}
+}
+
+// TestEventLoopServesZones checks that zones stay on the loop: a gets
+// falls through the zones in order, answering each key with the flags and
+// CAS of the first zone that has it, a duplicate key included; the hits
+// of other zones are filled into the local one with their time to live;
+// reads are counted per zone; set, touch and delete reach every zone.
+func TestEventLoopServesZones(t *testing.T) {
+	a, b, c := startZone(t, 2), startZone(t, 2), startZone(t, 2)
+	cfg := zonedConfig("a", zoneEntry("a", a), zoneEntry("b", b), zoneEntry("c", c))
+	cfg.EventLoops = 1
+	p, addr := startProxy(t, cfg)
+	reg := registry(t, p)
+	sidecar := newLineClient(t, addr)
+
+	type item struct {
+		key   string
+		zone  []string
+		flags uint32
+		ttl   int
+		data  string
+	}
+	items := []item{
+		{"in-c", c, 42, 1000, "from zone c"},
+		{"in-b", b, 7, 0, "from zone b"},
+		{"in-a", a, 1, 0, "from zone a"},
+	}
+	want := ""
+	for _, it := range items {
+		owner := ownerOf(t, it.zone, it.key)
+		directSet(t, owner, it.key, it.flags, it.ttl, it.data)
+		cas := strings.Fields(directDo(t, owner, "gets "+it.key+"\r\n"))[4]
+		want += fmt.Sprintf("VALUE %s %d %d %s\r\n%s\r\n", it.key, it.flags, len(it.data), cas, it.data)
+	}
+	// The first key again, at the end, and a key no zone holds.
+	want += want[:strings.Index(want, "VALUE in-b")] + "END\r\n"
+	if got := sidecar.do("gets in-c in-b in-a nowhere in-c\r\n"); got != want {
+		t.Fatalf("gets through zone a's sidecar:\n got %q\nwant %q", got, want)
+	}
+	if got := sidecar.do("get in-b\r\n"); got != valueReply("in-b", 7, "from zone b") {
+		t.Errorf("get after the fill: %q", got)
+	}
+
+	for _, w := range []struct {
+		key    string
+		lo, hi int
+	}{{"in-c", 900, 1000}, {"in-b", -1, -1}} {
+		own := ownerOf(t, a, w.key)
+		var ttl int
+		if !waitFor(2*time.Second, func() bool {
+			var ok bool
+			ttl, ok = ttlIn(t, own, w.key)
+			return ok
+		}) {
+			t.Fatalf("%s was not filled into zone a", w.key)
+		}
+		if ttl < w.lo || ttl > w.hi {
+			t.Errorf("%s filled with a TTL of %d, want %d to %d", w.key, ttl, w.lo, w.hi)
+		}
+	}
+	if !waitFor(2*time.Second, func() bool { return counterWith(t, reg, "mcsidecar_zone_fills_total", "result", "stored") == 2 }) {
+		t.Errorf("fills stored: %v, want 2", counterWith(t, reg, "mcsidecar_zone_fills_total", "result", "stored"))
+	}
+	for _, w := range []struct {
+		zone, local, result string
+		want                float64
+	}{
+		// gets: a has in-a; b is asked for in-c, in-b and nowhere; c
+		// for in-c and nowhere. Then the get of in-b hits in a.
+		{"a", "true", "hit", 2}, {"a", "true", "miss", 3},
+		{"b", "false", "hit", 1}, {"b", "false", "miss", 2},
+		{"c", "false", "hit", 1}, {"c", "false", "miss", 1},
+		{"a", "true", "error", 0}, {"b", "false", "error", 0}, {"c", "false", "error", 0},
+	} {
+		if got := counterWith(t, reg, "mcsidecar_zone_reads_total", "zone", w.zone, "local", w.local, "result", w.result); got != w.want {
+			t.Errorf("zone reads {zone=%s,result=%s}: %v, want %v", w.zone, w.result, got, w.want)
+		}
+	}
+
+	// Writes of every zone.
+	if got := sidecar.do(setReq("set", "everywhere", "v1")); got != "STORED\r\n" {
+		t.Fatalf("set: %q", got)
+	}
+	for _, z := range [][]string{a, b, c} {
+		if _, d, ok := inZone(t, z, "everywhere"); !ok || d != "v1" {
+			t.Errorf("zone %v after the set: %q, %v", z, d, ok)
+		}
+	}
+	if got := sidecar.do("touch everywhere 600\r\n"); got != "TOUCHED\r\n" {
+		t.Fatalf("touch: %q", got)
+	}
+	for _, z := range [][]string{a, b, c} {
+		if ttl, ok := ttlIn(t, ownerOf(t, z, "everywhere"), "everywhere"); !ok || ttl < 500 || ttl > 600 {
+			t.Errorf("zone %v after the touch: TTL %d, %v", z, ttl, ok)
+		}
+	}
+	if got := sidecar.do("delete everywhere\r\n"); got != "DELETED\r\n" {
+		t.Fatalf("delete: %q", got)
+	}
+	for _, z := range [][]string{a, b, c} {
+		if _, _, ok := inZone(t, z, "everywhere"); ok {
+			t.Errorf("zone %v still has the key after the delete", z)
+		}
+	}
+	if got := sidecar.do("delete everywhere\r\n"); got != "NOT_FOUND\r\n" {
+		t.Errorf("second delete: %q", got)
+	}
+	if n := loopHandovers(p); n != 0 {
+		t.Errorf("%d connections left the loop", n)
+	}
+}
+
+// TestEventLoopZonesKeepEnvelopes reads, through zone a's sidecar on a
+// loop, a rewritten key and a postings key that only zone c holds: both
+// are opened and answered, and filled into zone a as the envelopes zone c
+// holds, from which the next read answers the same.
+func TestEventLoopZonesKeepEnvelopes(t *testing.T) {
+	a, c := startMemcached(t), startMemcached(t)
+	zoned := func(local, writes string) Config {
+		cfg := zonedConfig(local, zoneEntry("a", []string{a}), zoneEntry("c", []string{c}))
+		cfg.Keys, cfg.Codec, cfg.ZoneWrites, cfg.EventLoops = keysConfig(), codecConfig(), writes, 1
+		return cfg
+	}
+	_, addrC := startProxy(t, zoned("c", zoneWritesLocal))
+	p, addrA := startProxy(t, zoned("a", zoneWritesAll))
+	long := mimirLV2Key()
+	ks, err := keyspace.New(*keysConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	upKey, _, _ := ks.AppendRewrite(nil, []byte(long))
+	value := strings.Repeat("postings 1234567 ", 20)
+	inC := newLineClient(t, addrC)
+	for _, k := range []string{long, "P2:zoned"} {
+		if got := inC.do(setReq("set", k, value)); got != "STORED\r\n" {
+			t.Fatalf("set %s in zone c: %q", short(k), got)
+		}
+	}
+	if _, _, ok := inZone(t, []string{a}, "P2:zoned"); ok {
+		t.Fatal("a write of zone c's sidecar reached zone a")
+	}
+	want := valueReply(long, 0, value)
+	want = want[:len(want)-len("END\r\n")] + valueReply("P2:zoned", 0, value)
+	sidecar := newLineClient(t, addrA)
+	if got := sidecar.do("get " + long + " P2:zoned\r\n"); got != want {
+		t.Fatalf("get through zone a's sidecar: %q", short(got))
+	}
+	for _, k := range []string{string(upKey), "P2:zoned"} {
+		var fa, fc uint32
+		var da, dc string
+		if !waitFor(2*time.Second, func() bool {
+			var ok bool
+			fa, da, ok = inZone(t, []string{a}, k)
+			return ok
+		}) {
+			t.Fatalf("%s was not filled into zone a", short(k))
+		}
+		fc, dc, _ = inZone(t, []string{c}, k)
+		if fa != fc || da != dc || fa&(1<<codec.DefaultFlagBit) == 0 {
+			t.Errorf("%s filled as flags %d, %d bytes; zone c holds flags %d, %d bytes", short(k), fa, len(da), fc, len(dc))
+		}
+	}
+	if got := sidecar.do("get " + long + " P2:zoned\r\n"); got != want {
+		t.Fatalf("get from zone a after the fill: %q", short(got))
+	}
+	reg := registry(t, p)
+	if got := counterWith(t, reg, "mcsidecar_zone_reads_total", "zone", "a", "local", "true", "result", "hit"); got != 2 {
+		t.Errorf("zone a hits: %v, want 2 (the second get)", got)
+	}
+	if n := loopHandovers(p); n != 0 {
+		t.Errorf("%d connections left zone a's loop", n)
 	}
 }

@@ -38,7 +38,7 @@ func (p *rawPool) getForUpdate(key string, dst []byte) (value []byte, it MetaIte
 			return nil
 		}
 		var size int
-		if size, it, err = parseMetaValue(line); err != nil {
+		if size, it, err = ParseMetaValue(line); err != nil {
 			return err
 		}
 		value = slices.Grow(dst[:0], size)[:size]
@@ -51,7 +51,7 @@ func (p *rawPool) getForUpdate(key string, dst []byte) (value []byte, it MetaIte
 	return value, it, found, err
 }
 
-// parseMetaValue reads the header line of a meta get hit, "VA <size>
+// ParseMetaValue reads the header line of a meta get hit, "VA <size>
 // <flags>*\r\n", as "mg <key> v f c t" is answered: the value's size and
 // the item's flags, CAS value and time to live. It is strict where the
 // request parser is lenient: memcached writes this line one way (single
@@ -59,7 +59,7 @@ func (p *rawPool) getForUpdate(key string, dst []byte) (value []byte, it MetaIte
 // talking to a memcached any more. Flags the proxy did not ask for are
 // skipped; a size over 1 GiB is refused, so a broken server cannot make
 // the proxy reserve more.
-func parseMetaValue(line []byte) (size int, it MetaItem, err error) {
+func ParseMetaValue(line []byte) (size int, it MetaItem, err error) {
 	bad := func() (int, MetaItem, error) {
 		return 0, MetaItem{}, fmt.Errorf("%w: %q", errUnexpectedReply, line)
 	}

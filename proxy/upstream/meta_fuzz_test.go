@@ -12,7 +12,7 @@ import (
 var metaLine = regexp.MustCompile(`^VA ([0-9]+)((?: [\x21-\x7e]+)*)\r\n$`)
 
 // metaOracle parses a meta get header with the standard library, the slow
-// and obvious way, as the reference parseMetaValue must agree with.
+// and obvious way, as the reference ParseMetaValue must agree with.
 func metaOracle(line []byte) (size int, it MetaItem, ok bool) {
 	m := metaLine.FindSubmatch(line)
 	if m == nil {
@@ -86,17 +86,17 @@ func FuzzMetaReply(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, line []byte) {
-		size, it, err := parseMetaValue(line)
+		size, it, err := ParseMetaValue(line)
 		wantSize, wantIt, ok := metaOracle(line)
 		switch {
 		case err != nil && ok:
-			t.Fatalf("parseMetaValue(%q) refused a well-formed reply: %v", line, err)
+			t.Fatalf("ParseMetaValue(%q) refused a well-formed reply: %v", line, err)
 		case err != nil && !errors.Is(err, errUnexpectedReply):
-			t.Fatalf("parseMetaValue(%q) failed with %v, want errUnexpectedReply", line, err)
+			t.Fatalf("ParseMetaValue(%q) failed with %v, want errUnexpectedReply", line, err)
 		case err == nil && !ok:
-			t.Fatalf("parseMetaValue(%q) accepted a malformed reply as size %d %+v", line, size, it)
+			t.Fatalf("ParseMetaValue(%q) accepted a malformed reply as size %d %+v", line, size, it)
 		case err == nil && (size != wantSize || it != wantIt):
-			t.Fatalf("parseMetaValue(%q) = %d %+v, want %d %+v", line, size, it, wantSize, wantIt)
+			t.Fatalf("ParseMetaValue(%q) = %d %+v, want %d %+v", line, size, it, wantSize, wantIt)
 		}
 	})
 }

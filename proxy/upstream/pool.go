@@ -463,7 +463,7 @@ func readMetaRetrievals(br *bufio.Reader, lines int, calls []*Call) error {
 			if bytes.Equal(line, metaMiss) {
 				continue
 			}
-			size, it, err := parseMetaValue(line)
+			size, it, err := ParseMetaValue(line)
 			if err != nil {
 				return err
 			}
