@@ -84,17 +84,24 @@ func (c *conn) fromTier(key []byte, k string, immutable bool) (*tier.Entry, uint
 		if !immutable {
 			return nil, 0 // never kept
 		}
-		gen := c.p.tierGuard.stripe(k).Load()
-		if c.tierMode == tierRead {
-			if e, ok := c.p.tier.Get(k, c.now); ok && e.Key == string(key) {
-				return e, gen
-			}
-		}
-		return nil, gen
+		return c.p.fromTier(key, k, c.tierMode == tierRead, c.now)
 	case tierDrop:
 		c.p.tier.Delete(k)
 	}
 	return nil, 0
+}
+
+// fromTier returns, when read, the tier's entry of the immutable client
+// key key, sent upstream as k, or nil; and the count of k's write stripe,
+// for keep.
+func (p *Proxy) fromTier(key []byte, k string, read bool, now int64) (*tier.Entry, uint32) {
+	gen := p.tierGuard.stripe(k).Load()
+	if read {
+		if e, ok := p.tier.Get(k, now); ok && e.Key == string(key) {
+			return e, gen
+		}
+	}
+	return nil, gen
 }
 
 // keep puts a hit that memcached answered into the tier: the client's
@@ -104,16 +111,21 @@ func (c *conn) fromTier(key []byte, k string, immutable bool) (*tier.Entry, uint
 // immutable says the client key's scheme promises that its value never
 // changes; without that promise nothing is kept.
 func (c *conn) keep(key []byte, k string, gen uint32, immutable bool, value []byte, flags uint32, ttl int32) {
-	if c.tierMode != tierRead && c.tierMode != tierFill {
-		return
+	if c.tierMode == tierRead || c.tierMode == tierFill {
+		c.p.keep(key, k, gen, immutable, c.now, value, flags, ttl)
 	}
+}
+
+// keep is conn.keep for a retrieval that began at now (Unix ns), on
+// either path.
+func (p *Proxy) keep(key []byte, k string, gen uint32, immutable bool, now int64, value []byte, flags uint32, ttl int32) {
 	if !immutable {
-		c.p.stats.tierMutable.Add(1)
+		p.stats.tierMutable.Add(1)
 		return
 	}
-	g := &c.p.tierGuard
+	g := &p.tierGuard
 	stripe := g.stripe(k)
-	if stripe.Load() != gen || c.now < g.pausedUntil.Load() {
+	if stripe.Load() != gen || now < g.pausedUntil.Load() {
 		return
 	}
 	var expires int64
@@ -122,24 +134,26 @@ func (c *conn) keep(key []byte, k string, gen uint32, immutable bool, value []by
 	case ttl <= 1:
 		return // gone within memcached's next tick
 	default:
-		expires = c.now + int64(ttl-1)*int64(time.Second)
+		expires = now + int64(ttl-1)*int64(time.Second)
 	}
-	c.p.tier.Set(k, &tier.Entry{Key: string(key), Value: bytes.Clone(value), Flags: flags, Expires: expires})
+	p.tier.Set(k, &tier.Entry{Key: string(key), Value: bytes.Clone(value), Flags: flags, Expires: expires})
 	// A write that began between the check and the Set has already
 	// dropped k and will drop it again when it is done; one that ended in
 	// between would not: look again.
 	if stripe.Load() != gen {
-		c.p.tier.Delete(k)
+		p.tier.Delete(k)
 	}
 }
 
 // forget drops k's entry from the tier, for a write to it. A write calls
 // it before it goes upstream and after: the stripe's count moves twice, so
 // no get that overlapped the write keeps what it fetched.
-func (c *conn) forget(k string) {
-	if c.p.tier != nil {
-		c.p.tierGuard.stripe(k).Add(1)
-		c.p.tier.Delete(k)
+func (c *conn) forget(k string) { c.p.forget(k) }
+
+func (p *Proxy) forget(k string) {
+	if p.tier != nil {
+		p.tierGuard.stripe(k).Add(1)
+		p.tier.Delete(k)
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"mcsidecar/codec"
 	"mcsidecar/proxy/internal/sockio"
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/tier"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -43,7 +44,8 @@ import (
 // through the zones as on the goroutine path, the hits of other zones
 // filling the local one, and set, delete and touch go to every zone; the
 // other writes, whose outcome depends on what each zone holds, are left
-// to the goroutine path.
+// to the goroutine path. The local tier is read first, and filled, as on
+// the goroutine path: local tier, local zone, other zones.
 // At the first command it does not answer, the connection is handed, with
 // the bytes it has not read yet and the replies still owed, to the
 // goroutine path, which answers everything.
@@ -207,12 +209,20 @@ type loopOwner struct {
 	// hit) is arena[arenaStart:arenaEnd]; arenaEnd is 0 for one that is
 	// not.
 	arenaStart, arenaEnd int
-	// zone is the zone the key was last asked of. A hit there from
-	// another zone than the local one is its mg reply, "VA …" and the
-	// value, with the item's time to live in ttl.
+	// zone is the zone the key was last asked of, and meta says its
+	// block is an mg reply, "VA …" and the value, with the item's time
+	// to live in ttl: as other zones are asked, and every zone with the
+	// local tier on.
 	zone int
+	meta bool
 	ttl  int32
 	err  error // the failure of the request that last asked for the key
+	// The local tier: immutable says the key's value never changes, so
+	// the tier may keep it, and gen is the count of its write stripe
+	// before it was asked upstream (see Proxy.keep); inTier, that the
+	// tier answered it, from the arena.
+	immutable, inTier bool
+	gen               uint32
 }
 
 // loopReq is one request on an upstream connection: a server's share of a
@@ -641,9 +651,14 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 			return false
 		}
 	}
-	up := c.p.zones[0].up.Load()
+	p := c.p
+	up := p.zones[0].up.Load()
 	ls := lc.ls
 	s := ls.slot(lc, id)
+	need := needTenant
+	if p.tier != nil {
+		need |= needImmutable
+	}
 	var ups [4]*loopUpstream // each request's server; more than four are rare
 	reqUps := ups[:0]
 	for i, k := range keys {
@@ -652,15 +667,24 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 		first := s.named(k, i, len(keys))
 		s.keys = append(s.keys, k...)
 		s.ends = append(s.ends, len(s.keys))
-		rk := c.resolve(k, needTenant)
-		o := loopOwner{first: first + 1, tenant: c.p.tenants.counters(rk.tenant), bound: rk.bound}
+		rk := c.resolve(k, need)
+		o := loopOwner{first: first + 1, tenant: p.tenants.counters(rk.tenant), bound: rk.bound, immutable: rk.immutable}
 		if rk.bound {
 			o.upStart = len(s.ups)
 			s.ups = append(s.ups, rk.up...)
 			o.upEnd = len(s.ups)
 		}
+		if first < 0 && rk.immutable {
+			// get answers from the tier; gets needs memcached's CAS.
+			var e *tier.Entry
+			e, o.gen = p.fromTier(k, string(rk.up), id == cmdGet, s.began.UnixNano())
+			if e != nil {
+				o.inTier = true
+				s.inArena(&o, k, e.Flags, e.Value, 0, false)
+			}
+		}
 		s.owners = append(s.owners, o)
-		if first >= 0 {
+		if first >= 0 || o.inTier {
 			continue
 		}
 		u := ls.upstreamOf(up, rk.up)
@@ -677,26 +701,49 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 	}
 	lc.slots = append(lc.slots, s)
 	c.lastCmd.Store(s.began.UnixNano())
-	s.pending = len(reqUps)
-	verb := "get"
-	if id == cmdGets {
-		verb = "gets"
-	}
+	// One more than the requests, so that those that fail at once do not
+	// finish the retrieval before all are sent.
+	s.pending = len(reqUps) + 1
 	for ri, u := range reqUps {
 		r := s.reqs[ri]
-		if !u.admit(r) {
-			continue
-		}
-		u.out = append(u.out, verb...)
-		for _, o := range r.asked {
-			u.out = append(u.out, ' ')
-			u.out = append(u.out, s.upKey(o)...)
-		}
-		u.out = append(u.out, crlf...)
-		u.q.push(r)
-		u.srv.CountGet(len(r.asked))
+		// With the local tier on, keys are asked with mg, which tells
+		// the time to live an entry needs.
+		r.meta = p.tier != nil
+		s.ask(u, r)
+	}
+	if s.pending--; s.pending == 0 {
+		s.finish() // every key answered by the tier, or failed
 	}
 	return true
+}
+
+// ask sends a request of the retrieval to u's server: one get or gets
+// line, or one mg per key.
+func (s *loopSlot) ask(u *loopUpstream, r *loopReq) {
+	if !u.admit(r) {
+		return
+	}
+	switch {
+	case r.meta:
+		for _, i := range r.asked {
+			u.out = append(u.out, "mg "...)
+			u.out = append(u.out, s.upKey(i)...)
+			u.out = append(u.out, " v f t c\r\n"...)
+		}
+	case s.id == cmdGets:
+		u.out = append(u.out, "gets"...)
+	default:
+		u.out = append(u.out, "get"...)
+	}
+	if !r.meta {
+		for _, i := range r.asked {
+			u.out = append(u.out, ' ')
+			u.out = append(u.out, s.upKey(i)...)
+		}
+		u.out = append(u.out, crlf...)
+	}
+	u.q.push(r)
+	u.srv.CountGet(len(r.asked))
 }
 
 // store sends a storage command, its value enveloped when the codec or a
@@ -823,6 +870,12 @@ func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite, bui
 	s.noreply, s.pending, s.write = noreply, len(p.zones), w
 	lc.slots = append(lc.slots, s)
 	lc.c.lastCmd.Store(s.began.UnixNano())
+	if p.tier != nil {
+		// The key's entry goes before the write and again once it is
+		// answered (see tierGuard).
+		s.ups = append(s.ups[:0], key...)
+		p.forget(string(key))
+	}
 	var req []byte // the request, as built for the first zone that takes it
 	for _, z := range p.zones {
 		u := lc.ls.upstreamOf(z.up.Load(), key)
@@ -1117,6 +1170,9 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 		}
 		reply, err = answer.buf, answer.err
 	}
+	if p.tier != nil {
+		p.forget(string(s.ups))
+	}
 	if err != nil {
 		line, oc := upstreamReply(err)
 		st.record(s.id, oc)
@@ -1188,7 +1244,7 @@ func (s *loopSlot) matchMeta(r *loopReq) {
 			return
 		}
 		end := j + 1 + size + 2
-		o.block, o.flags, o.size, o.cas, o.hasCAS, o.ttl = b[:end:end], it.Flags, size, it.CAS, true, it.TTL
+		o.block, o.flags, o.size, o.cas, o.hasCAS, o.ttl, o.meta = b[:end:end], it.Flags, size, it.CAS, true, it.TTL, true
 		b = b[end:]
 	}
 }
@@ -1215,7 +1271,7 @@ func (s *loopSlot) askNextZone() bool {
 	reqUps := ups[:0]
 	for i := range s.owners {
 		o := &s.owners[i]
-		if o.first != 0 || o.block != nil {
+		if o.first != 0 || o.block != nil || o.inTier {
 			continue
 		}
 		u := ls.upstreamOf(up, s.upKey(i))
@@ -1239,17 +1295,7 @@ func (s *loopSlot) askNextZone() bool {
 	// finish the retrieval before all are sent.
 	s.pending = len(reqUps) + 1
 	for ri, u := range reqUps {
-		r := s.reqs[start+ri]
-		if !u.admit(r) {
-			continue
-		}
-		for _, i := range r.asked {
-			u.out = append(u.out, "mg "...)
-			u.out = append(u.out, s.upKey(i)...)
-			u.out = append(u.out, " v f t c\r\n"...)
-		}
-		u.q.push(r)
-		u.srv.CountGet(len(r.asked))
+		s.ask(u, s.reqs[start+ri])
 		u.flush()
 	}
 	s.pending--
@@ -1338,7 +1384,7 @@ func (s *loopSlot) answer() {
 	// as it grows: they are pointed at once all are in.
 	for i := range s.owners {
 		o := &s.owners[i]
-		if o.first == 0 && o.block != nil && (o.zone > 0 || o.bound || p.codec != nil && p.codec.IsEnveloped(o.flags) || o.hasCAS && s.id == cmdGet) {
+		if o.first == 0 && o.block != nil && (o.meta || o.bound || p.codec != nil && p.codec.IsEnveloped(o.flags) || o.hasCAS && s.id == cmdGet) {
 			if !s.open(i, o) {
 				o.block = nil
 			}
@@ -1383,8 +1429,9 @@ func (s *loopSlot) open(i int, o *loopOwner) bool {
 	}
 	if p.codec == nil || !p.codec.IsEnveloped(o.flags) {
 		// A plain value whose header names a CAS the client's get did
-		// not ask for, or another zone's hit.
+		// not ask for, or an mg reply.
 		s.inArena(o, key, o.flags, stored, o.cas, s.id == cmdGets)
+		s.keep(i, o, key, o.flags, stored)
 		return true
 	}
 	ls := s.client.ls
@@ -1401,7 +1448,17 @@ func (s *loopSlot) open(i int, o *loopOwner) bool {
 	p.stats.codecReadLogical.Add(uint64(len(v)))
 	p.stats.codecReadStored.Add(uint64(len(stored)))
 	s.inArena(o, key, flags, v, o.cas, s.id == cmdGets)
+	s.keep(i, o, key, flags, v)
 	return true
+}
+
+// keep puts the i-th key's hit, asked with mg, into the local tier, when
+// the tier is on.
+func (s *loopSlot) keep(i int, o *loopOwner, key []byte, flags uint32, v []byte) {
+	p := s.client.c.p
+	if p.tier != nil && o.meta {
+		p.keep(key, string(s.upKey(i)), o.gen, o.immutable, s.began.UnixNano(), v, flags, o.ttl)
+	}
 }
 
 // inArena writes o's VALUE block anew into the slot's arena.

@@ -160,7 +160,6 @@ func TestEventLoopRefusesWhatItCannotServe(t *testing.T) {
 	for name, change := range map[string]func(*Config){
 		"upstream TLS": func(c *Config) { c.UpstreamTLS.Enabled = true },
 		"client TLS":   func(c *Config) { c.TLS.CertPath, c.TLS.KeyPath = "cert.pem", "key.pem" },
-		"local tier":   func(c *Config) { c.LocalCacheSize, c.Keys, c.Codec = 1<<20, keysConfig(), codecConfig() },
 	} {
 		cfg := loopConfig("127.0.0.1:1")
 		change(&cfg)
@@ -600,5 +599,56 @@ func TestEventLoopZonesKeepEnvelopes(t *testing.T) {
 	}
 	if n := loopHandovers(p); n != 0 {
 		t.Errorf("%d connections left zone a's loop", n)
+	}
+}
+
+// TestEventLoopServesFromTheLocalTier checks the local tier on the loop:
+// an immutable key's hits after the first cost memcached nothing, gets
+// still goes upstream for its CAS, every write through the loop drops
+// the entry at once, and nothing leaves the loop.
+func TestEventLoopServesFromTheLocalTier(t *testing.T) {
+	up := startMemcached(t)
+	cfg := tierConfig(tierTestSize, up)
+	cfg.EventLoops = 1
+	p, addr := startProxy(t, cfg)
+	sc, direct := newLineClient(t, addr), newLineClient(t, up)
+	key, long := tierKey("loop"), mimirLV2Key()
+	reached := func(req, want string) int {
+		t.Helper()
+		before := direct.stat("get_hits") + direct.stat("get_misses")
+		if got := sc.do(req); got != want {
+			t.Fatalf("%q answered %q, want %q", short(req), short(got), short(want))
+		}
+		return int(direct.stat("get_hits") + direct.stat("get_misses") - before)
+	}
+	for i, v := range []string{"first", "second"} {
+		if got := sc.do(setReq("set", key, v)); got != "STORED\r\n" {
+			t.Fatalf("set %d: %q", i, got)
+		}
+		if got := sc.do(setReq("set", long, v+" long")); got != "STORED\r\n" {
+			t.Fatalf("set %d of the long key: %q", i, got)
+		}
+		both := valueReply(key, 0, v)
+		both = both[:len(both)-len("END\r\n")] + valueReply(long, 0, v+" long")
+		if n := reached("get "+key+" "+long+"\r\n", both); n != 2 {
+			t.Errorf("first get after set %d reached memcached for %d keys, want 2", i, n)
+		}
+		for range 3 {
+			if n := reached("get "+key+" "+long+"\r\n", both); n != 0 {
+				t.Errorf("a get of kept keys reached memcached for %d keys", n)
+			}
+		}
+		if got := sc.do("gets " + key + "\r\n"); !strings.HasPrefix(got, "VALUE "+key+" 0 "+strconv.Itoa(len(v))+" ") {
+			t.Errorf("gets: %q", got)
+		}
+	}
+	if got := sc.do("delete " + key + "\r\n"); got != "DELETED\r\n" {
+		t.Fatalf("delete: %q", got)
+	}
+	if n := reached("get "+key+"\r\n", "END\r\n"); n != 1 {
+		t.Errorf("get after the delete reached memcached for %d keys, want 1", n)
+	}
+	if n := loopHandovers(p); n != 0 {
+		t.Errorf("%d connections left the loop", n)
 	}
 }
