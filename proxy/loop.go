@@ -42,9 +42,10 @@ import (
 // the goroutine path), delete, touch, incr and decr, and version; not the
 // read-modify-writes of enveloped values. With zones, a retrieval falls
 // through the zones as on the goroutine path, the hits of other zones
-// filling the local one, and set, delete and touch go to every zone; the
-// other writes, whose outcome depends on what each zone holds, are left
-// to the goroutine path. The local tier is read first, and filled, as on
+// filling the local one. With --zone-writes=all, set, delete and touch go
+// to every zone and the other writes, whose outcome depends on what each
+// zone holds, are left to the goroutine path; with --zone-writes=local,
+// every write tries the zones in turn on the loop. The local tier is read first, and filled, as on
 // the goroutine path: local tier, local zone, other zones.
 // At the first command it does not answer, the connection is handed, with
 // the bytes it has not read yet and the replies still owed, to the
@@ -811,18 +812,25 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 	return total, true
 }
 
-// everyZone reports whether the loop sends command id: without zones,
-// any; with them, set, delete and touch, which go to every zone at once
-// (--zone-writes=all). The writes that depend on what a zone holds
-// (add, replace, cas, append, prepend, incr, decr), and every write with
-// --zone-writes=local, which tries the zones in turn, are left to the
-// goroutine path.
+// everyZone reports whether the loop sends command id to the zones it
+// goes to. Without zones, or with --zone-writes=local, whose writes try
+// the zones in turn (see decide), it sends any; with --zone-writes=all,
+// set, delete and touch, which go to every zone at once. There the
+// writes that depend on what each zone holds (add, replace, cas, append,
+// prepend, incr, decr) are left to the goroutine path, which brings the
+// other zones in line after them.
 func (lc *loopClient) everyZone(id int) bool {
 	p := lc.c.p
-	if len(p.zones) == 1 {
+	if len(p.zones) == 1 || p.zoneByZone() {
 		return true
 	}
-	return p.cfg.ZoneWrites != zoneWritesLocal && (id == cmdSet || id == cmdDelete || id == cmdTouch)
+	return id == cmdSet || id == cmdDelete || id == cmdTouch
+}
+
+// zoneByZone reports whether writes try the zones in turn
+// (--zone-writes=local with zones).
+func (p *Proxy) zoneByZone() bool {
+	return len(p.zones) > 1 && p.cfg.ZoneWrites == zoneWritesLocal
 }
 
 // keyVerbs names the commands of one key and no data upstream.
@@ -870,20 +878,27 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 }
 
 // command sends a command of one key whose reply is one line, which build
-// appends, to key's server, in every zone with zones (see everyZone); a
-// request to an ejected server fails at once. A storage command gives
-// what its write counts.
+// appends, to key's server: with zones, in every zone at once, or zone
+// after zone (see everyZone). A request to an ejected server fails at
+// once. A storage command gives what its write counts.
 func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite, build func([]byte) []byte) {
 	p := lc.c.p
 	s := lc.ls.slot(lc, id)
 	s.noreply, s.pending, s.write = noreply, len(p.zones), w
+	s.ups = append(s.ups[:0], key...)
 	lc.slots = append(lc.slots, s)
 	lc.c.lastCmd.Store(s.began.UnixNano())
 	if p.tier != nil {
 		// The key's entry goes before the write and again once it is
 		// answered (see tierGuard).
-		s.ups = append(s.ups[:0], key...)
 		p.forget(string(key))
+	}
+	if p.zoneByZone() {
+		// The request is kept, in the slot's arena, for the next zone.
+		s.pending = 1
+		s.arena = build(s.arena[:0])
+		s.tryZone(0)
+		return
 	}
 	var req []byte // the request, as built for the first zone that takes it
 	for _, z := range p.zones {
@@ -903,6 +918,72 @@ func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite, bui
 		}
 		u.q.push(r)
 	}
+}
+
+// tryZone sends the kept request of a write tried zone after zone to its
+// key's server in zone z. The requests of the first zone go out with the
+// others of the client's read; a later zone's at once.
+func (s *loopSlot) tryZone(z int) {
+	ls := s.client.ls
+	u := ls.upstreamOf(s.client.c.p.zones[z].up.Load(), s.ups)
+	r := ls.req(s)
+	r.store, r.srv = true, u.srv
+	s.reqs = append(s.reqs, r)
+	s.zone = z
+	if !u.admit(r) {
+		return
+	}
+	u.out = append(u.out, s.arena...)
+	u.q.push(r)
+	if z > 0 {
+		u.flush()
+	}
+}
+
+// decide takes zone s.zone's reply (or err) to a write tried zone after
+// zone, as the goroutine path decides it (sendDeciding; sendAdd with
+// --zone-writes=local for add). It returns false when it sent the write
+// to the next zone; otherwise the reply that answers the client: the
+// first zone's that took the write (for add, that answered); when none
+// did, the first zone's that answered, EXISTS if one said so; when none
+// answered, the local zone's error (for add, the last zone's).
+func (s *loopSlot) decide(r *loopReq, reply []byte, err error) (answer []byte, decided bool, _ error) {
+	p := s.client.c.p
+	z := s.zone
+	r.err, r.buf = err, append(r.buf[:0], reply...)
+	if s.id == cmdAdd {
+		if err == nil {
+			return r.buf, true, nil
+		}
+		p.zones[z].writeFailures.Add(1)
+	} else {
+		if writeFailed(reply, err) {
+			p.zones[z].writeFailures.Add(1)
+		}
+		if err == nil {
+			switch replyOutcome(reply) {
+			case outcomeStored, outcomeOK, outcomeClientError, outcomeUpstreamError:
+				return r.buf, true, nil
+			}
+		}
+	}
+	if z+1 < len(p.zones) {
+		s.tryZone(z + 1)
+		return nil, false, nil
+	}
+	if s.id == cmdAdd {
+		return r.buf, true, r.err
+	}
+	var first *loopReq
+	for _, q := range s.reqs {
+		if q.err == nil && (first == nil || replyOutcome(q.buf) == outcomeExists && replyOutcome(first.buf) != outcomeExists) {
+			first = q
+		}
+	}
+	if first == nil {
+		return nil, true, s.reqs[0].err
+	}
+	return first.buf, true, nil
 }
 
 // admit reports whether r may go to the server; a request to an ejected
@@ -1158,7 +1239,13 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 	if err == nil && isServerError(reply) {
 		r.srv.CountServerError()
 	}
-	if len(p.zones) > 1 {
+	switch {
+	case p.zoneByZone():
+		var decided bool
+		if reply, decided, err = s.decide(r, reply, err); !decided {
+			return
+		}
+	case len(p.zones) > 1:
 		// s.reqs fills as the command is sent: one request per zone, in
 		// order, once all are in.
 		r.err, r.buf = err, append(r.buf[:0], reply...)

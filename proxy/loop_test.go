@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -650,5 +651,72 @@ func TestEventLoopServesFromTheLocalTier(t *testing.T) {
 	}
 	if n := loopHandovers(p); n != 0 {
 		t.Errorf("%d connections left the loop", n)
+	}
+}
+
+// TestEventLoopZoneByZoneWrites runs every command of one key with
+// --zone-writes=local, where a write tries the zones in turn, through a
+// sidecar on a loop and one on goroutines, each over zones of its own
+// that start alike: the replies, and what each zone holds after, must be
+// the same, and the loop must keep its connection.
+func TestEventLoopZoneByZoneWrites(t *testing.T) {
+	keys := []string{"only-b", "only-b-add", "only-b-replace", "num-b", "only-b-append", "only-b-touch", "in-both", "cas-b", "nowhere", "new-key"}
+	run := func(loops int) (replies []string, held map[string]string, p *Proxy) {
+		a, b := startMemcached(t), startMemcached(t)
+		cfg := zonedConfig("a", zoneEntry("a", []string{a}), zoneEntry("b", []string{b}))
+		cfg.ZoneWrites, cfg.EventLoops = zoneWritesLocal, loops
+		p, addr := startProxy(t, cfg)
+		for _, k := range keys[:len(keys)-2] {
+			v := "b's " + k
+			if k == "num-b" {
+				v = "10"
+			}
+			directSet(t, b, k, 3, 0, v)
+		}
+		directSet(t, a, "in-both", 4, 0, "a's in-both")
+		casB := strings.Fields(directDo(t, b, "gets cas-b\r\n"))[4]
+		c := newLineClient(t, addr)
+		for _, req := range []string{
+			setReq("set", "new-key", "fresh"),
+			"delete only-b\r\n",
+			"delete nowhere\r\n",
+			setReq("add", "only-b-add", "added"),
+			setReq("replace", "only-b-replace", "replaced"),
+			setReq("replace", "nowhere", "x"),
+			"incr num-b 5\r\n",
+			"decr nowhere 1\r\n",
+			setReq("append", "only-b-append", "+tail"),
+			setReq("prepend", "nowhere", "head+"),
+			"touch only-b-touch 100\r\n",
+			"touch nowhere 100\r\n",
+			"cas in-both 0 0 1 1\r\nx\r\n",
+			"cas cas-b 9 0 3 " + casB + "\r\nnew\r\n",
+			setReq("set", "in-both", "both again"),
+		} {
+			replies = append(replies, c.do(req))
+		}
+		held = map[string]string{}
+		for _, k := range keys {
+			for zone, srv := range map[string]string{"a": a, "b": b} {
+				if f, d, ok := inZone(t, []string{srv}, k); ok {
+					held[zone+" "+k] = fmt.Sprintf("%d %q", f, d)
+				}
+			}
+		}
+		return replies, held, p
+	}
+	loopReplies, loopHeld, p := run(1)
+	goReplies, goHeld, _ := run(0)
+	if !slices.Equal(loopReplies, goReplies) {
+		t.Errorf("replies on the loop:\n%q\non goroutines:\n%q", loopReplies, goReplies)
+	}
+	if !maps.Equal(loopHeld, goHeld) {
+		t.Errorf("zones after the loop's writes:\n%v\nafter the goroutine path's:\n%v", loopHeld, goHeld)
+	}
+	if n := loopHandovers(p); n != 0 {
+		t.Errorf("%d connections left the loop", n)
+	}
+	if loopReplies[0] != "STORED\r\n" || loopReplies[1] != "DELETED\r\n" || loopReplies[6] != "15\r\n" {
+		t.Errorf("replies %q", loopReplies)
 	}
 }
