@@ -42,10 +42,7 @@ import (
 // the goroutine path), delete, touch, incr and decr, and version; not the
 // read-modify-writes of enveloped values. With zones, a retrieval falls
 // through the zones as on the goroutine path, the hits of other zones
-// filling the local one. With --zone-writes=all, set, delete and touch go
-// to every zone and the other writes, whose outcome depends on what each
-// zone holds, are left to the goroutine path; with --zone-writes=local,
-// every write tries the zones in turn on the loop. The local tier is read first, and filled, as on
+// filling the local one, and writes keep the zones in line as there. The local tier is read first, and filled, as on
 // the goroutine path: local tier, local zone, other zones.
 // At the first command it does not answer, the connection is handed, with
 // the bytes it has not read yet and the replies still owed, to the
@@ -240,6 +237,7 @@ type loopReq struct {
 	meta  bool
 	drop  bool
 	fill  bool
+	zone  int // 1 + the zone a dropped reply's failure counts against; 0: none
 	began time.Time
 	asked []int  // owner indexes, in the order the keys were asked
 	buf   []byte // the reply, which the owners' blocks point into
@@ -763,7 +761,7 @@ func (s *loopSlot) ask(u *loopUpstream, r *loopReq) {
 func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (int, bool) {
 	c := lc.c
 	a := parseStoreArgs(words, id == cmdCas)
-	if !a.argsOK || !lc.validKey(a.key) || !lc.everyZone(id) {
+	if !a.argsOK || !lc.validKey(a.key) {
 		return 0, false
 	}
 	join := id == cmdAppend || id == cmdPrepend
@@ -812,25 +810,24 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 	return total, true
 }
 
-// everyZone reports whether the loop sends command id to the zones it
-// goes to. Without zones, or with --zone-writes=local, whose writes try
-// the zones in turn (see decide), it sends any; with --zone-writes=all,
-// set, delete and touch, which go to every zone at once. There the
-// writes that depend on what each zone holds (add, replace, cas, append,
-// prepend, incr, decr) are left to the goroutine path, which brings the
-// other zones in line after them.
-func (lc *loopClient) everyZone(id int) bool {
-	p := lc.c.p
-	if len(p.zones) == 1 || p.zoneByZone() {
+// zoneByZone reports whether write id tries the zones in turn (see
+// decide) rather than going to every zone at once: every write with
+// --zone-writes=local, and with --zone-writes=all the writes that take
+// only where the item is as the client expects it (replace, cas, append,
+// prepend, incr, decr), after which the other zones are brought in line
+// (see align).
+func (p *Proxy) zoneByZone(id int) bool {
+	if len(p.zones) == 1 {
+		return false
+	}
+	if p.cfg.ZoneWrites == zoneWritesLocal {
 		return true
 	}
-	return id == cmdSet || id == cmdDelete || id == cmdTouch
-}
-
-// zoneByZone reports whether writes try the zones in turn
-// (--zone-writes=local with zones).
-func (p *Proxy) zoneByZone() bool {
-	return len(p.zones) > 1 && p.cfg.ZoneWrites == zoneWritesLocal
+	switch id {
+	case cmdReplace, cmdCas, cmdAppend, cmdPrepend, cmdIncr, cmdDecr:
+		return true
+	}
+	return false
 }
 
 // keyVerbs names the commands of one key and no data upstream.
@@ -842,9 +839,6 @@ var keyVerbs = [numCommands]string{cmdDelete: "delete ", cmdTouch: "touch ", cmd
 func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 	key := w[1]
 	noreply := bytes.Equal(w[len(w)-1], noreplyWord)
-	if !lc.everyZone(id) {
-		return false
-	}
 	var arg []byte
 	switch id {
 	case cmdDelete:
@@ -879,7 +873,7 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 
 // command sends a command of one key whose reply is one line, which build
 // appends, to key's server: with zones, in every zone at once, or zone
-// after zone (see everyZone). A request to an ejected server fails at
+// after zone (see zoneByZone). A request to an ejected server fails at
 // once. A storage command gives what its write counts.
 func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite, build func([]byte) []byte) {
 	p := lc.c.p
@@ -893,7 +887,7 @@ func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite, bui
 		// answered (see tierGuard).
 		p.forget(string(key))
 	}
-	if p.zoneByZone() {
+	if p.zoneByZone(id) {
 		// The request is kept, in the slot's arena, for the next zone.
 		s.pending = 1
 		s.arena = build(s.arena[:0])
@@ -984,6 +978,79 @@ func (s *loopSlot) decide(r *loopReq, reply []byte, err error) (answer []byte, d
 		return nil, true, s.reqs[0].err
 	}
 	return first.buf, true, nil
+}
+
+// addHeld settles an add sent to every zone, which stores only if no
+// zone held the key: when one did, the copies the add made in the others
+// are deleted (they will be filled from that zone), and that zone's
+// NOT_STORED answers. Otherwise reply does.
+func (s *loopSlot) addHeld(reply []byte) []byte {
+	held := slices.IndexFunc(s.reqs, func(q *loopReq) bool {
+		return q.err == nil && replyOutcome(q.buf) == outcomeNotStored
+	})
+	if held < 0 {
+		return reply
+	}
+	s.keys = appendKeyCommand(s.keys[:0], "delete ", string(s.ups), nil)
+	for z, q := range s.reqs {
+		if q.err == nil && replyOutcome(q.buf) == outcomeStored {
+			s.alignZone(z, s.keys, false)
+		}
+	}
+	return s.reqs[held].buf
+}
+
+// align brings the key in every zone but the deciding one, s.zone, in
+// line after a write there took (with --zone-writes=all): a replace or
+// cas is followed by a set of the value stored; an append, prepend,
+// incr or decr, which changed the value in place, by a delete, as the
+// other copies cannot be brought to the same bytes without reading it.
+func (s *loopSlot) align(reply []byte) {
+	var req []byte
+	switch oc := replyOutcome(reply); {
+	case (s.id == cmdReplace || s.id == cmdCas) && oc == outcomeStored:
+		// The kept request, "<verb> <key> <flags> <exptime> <bytes>[ <cas>]"
+		// and the value, as a set.
+		line, value, _ := bytes.Cut(s.arena, crlf)
+		words := bytes.Fields(line)
+		req = append(s.keys[:0], "set"...)
+		for _, w := range words[1:5] {
+			req = append(append(req, ' '), w...)
+		}
+		req = append(append(req, crlf...), value...)
+	case (s.id == cmdAppend || s.id == cmdPrepend) && oc == outcomeStored, (s.id == cmdIncr || s.id == cmdDecr) && oc == outcomeOK:
+		req = appendKeyCommand(s.keys[:0], "delete ", string(s.ups), nil)
+	default:
+		return
+	}
+	s.keys = req
+	for z := range s.client.c.p.zones {
+		if z != s.zone {
+			s.alignZone(z, req, true)
+		}
+	}
+}
+
+// alignZone sends req to the key's server in zone z, and drops its reply,
+// counting a failure against the zone when count says so.
+func (s *loopSlot) alignZone(z int, req []byte, count bool) {
+	p, ls := s.client.c.p, s.client.ls
+	u := ls.upstreamOf(p.zones[z].up.Load(), s.ups)
+	if err := u.srv.Admit(); err != nil {
+		u.srv.Observe(ls.now, err)
+		if count {
+			p.zones[z].writeFailures.Add(1)
+		}
+		return
+	}
+	r := take(&ls.reqs)
+	r.srv, r.store, r.drop, r.began = u.srv, true, true, ls.now
+	if count {
+		r.zone = z + 1
+	}
+	u.out = append(u.out, req...)
+	u.q.push(r)
+	u.flush()
 }
 
 // admit reports whether r may go to the server; a request to an ejected
@@ -1090,6 +1157,9 @@ func (u *loopUpstream) fail(err error) {
 			if r.fill {
 				u.ls.l.p.fills[fillFailed].Add(1)
 			}
+			if r.zone > 0 {
+				u.ls.l.p.zones[r.zone-1].writeFailures.Add(1)
+			}
 			u.dropped(r)
 		} else {
 			r.done(nil, err)
@@ -1162,6 +1232,8 @@ func (u *loopUpstream) replies() {
 				p.fills[fillStored].Add(1)
 			case r.fill:
 				p.fills[fillNotStored].Add(1)
+			case r.zone > 0 && isServerError(reply):
+				p.zones[r.zone-1].writeFailures.Add(1)
 			case bytes.Equal(reply, replyDeleted):
 				p.stats.codecDeleted.Add(1)
 			}
@@ -1240,10 +1312,13 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 		r.srv.CountServerError()
 	}
 	switch {
-	case p.zoneByZone():
+	case p.zoneByZone(s.id):
 		var decided bool
 		if reply, decided, err = s.decide(r, reply, err); !decided {
 			return
+		}
+		if err == nil && p.cfg.ZoneWrites != zoneWritesLocal {
+			s.align(reply)
 		}
 	case len(p.zones) > 1:
 		// s.reqs fills as the command is sent: one request per zone, in
@@ -1265,6 +1340,9 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 			}
 		}
 		reply, err = answer.buf, answer.err
+		if s.id == cmdAdd && err == nil {
+			reply = s.addHeld(reply)
+		}
 	}
 	if p.tier != nil {
 		p.forget(string(s.ups))

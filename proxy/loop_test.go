@@ -654,17 +654,23 @@ func TestEventLoopServesFromTheLocalTier(t *testing.T) {
 	}
 }
 
-// TestEventLoopZoneByZoneWrites runs every command of one key with
-// --zone-writes=local, where a write tries the zones in turn, through a
-// sidecar on a loop and one on goroutines, each over zones of its own
-// that start alike: the replies, and what each zone holds after, must be
-// the same, and the loop must keep its connection.
-func TestEventLoopZoneByZoneWrites(t *testing.T) {
+// TestEventLoopZoneWrites runs every command of one key, with
+// --zone-writes=all and with --zone-writes=local, through a sidecar on a
+// loop and one on goroutines, each over zones of its own that start
+// alike: the replies, and what each zone holds after, must be the same,
+// and the loop must keep its connection.
+func TestEventLoopZoneWrites(t *testing.T) {
+	for _, writes := range []string{zoneWritesAll, zoneWritesLocal} {
+		t.Run(writes, func(t *testing.T) { testEventLoopZoneWrites(t, writes) })
+	}
+}
+
+func testEventLoopZoneWrites(t *testing.T, writes string) {
 	keys := []string{"only-b", "only-b-add", "only-b-replace", "num-b", "only-b-append", "only-b-touch", "in-both", "cas-b", "nowhere", "new-key"}
 	run := func(loops int) (replies []string, held map[string]string, p *Proxy) {
 		a, b := startMemcached(t), startMemcached(t)
 		cfg := zonedConfig("a", zoneEntry("a", []string{a}), zoneEntry("b", []string{b}))
-		cfg.ZoneWrites, cfg.EventLoops = zoneWritesLocal, loops
+		cfg.ZoneWrites, cfg.EventLoops = writes, loops
 		p, addr := startProxy(t, cfg)
 		for _, k := range keys[:len(keys)-2] {
 			v := "b's " + k
@@ -692,6 +698,8 @@ func TestEventLoopZoneByZoneWrites(t *testing.T) {
 			"cas in-both 0 0 1 1\r\nx\r\n",
 			"cas cas-b 9 0 3 " + casB + "\r\nnew\r\n",
 			setReq("set", "in-both", "both again"),
+			setReq("add", "in-both", "not stored"),
+			setReq("add", "nowhere", "added everywhere"),
 		} {
 			replies = append(replies, c.do(req))
 		}
@@ -716,7 +724,7 @@ func TestEventLoopZoneByZoneWrites(t *testing.T) {
 	if n := loopHandovers(p); n != 0 {
 		t.Errorf("%d connections left the loop", n)
 	}
-	if loopReplies[0] != "STORED\r\n" || loopReplies[1] != "DELETED\r\n" || loopReplies[6] != "15\r\n" {
+	if loopReplies[0] != "STORED\r\n" || loopReplies[6] != "15\r\n" || loopReplies[15] != "NOT_STORED\r\n" {
 		t.Errorf("replies %q", loopReplies)
 	}
 }
