@@ -228,16 +228,15 @@ type loopOwner struct {
 
 // loopReq is one request on an upstream connection: a server's share of a
 // retrieval (meta: one mg per key, as other zones are asked), a command
-// of one key (store), or a delete of a damaged item or a zone fill, whose
-// reply is dropped once it came (drop).
+// of one key (store), or one whose reply is dropped once it came (drop
+// says why).
 type loopReq struct {
 	slot  *loopSlot
 	srv   *upstream.Server
 	store bool
 	meta  bool
-	drop  bool
-	fill  bool
-	zone  int // 1 + the zone a dropped reply's failure counts against; 0: none
+	drop  uint8
+	zone  int // the zone a dropAlign request brings in line
 	began time.Time
 	asked []int  // owner indexes, in the order the keys were asked
 	buf   []byte // the reply, which the owners' blocks point into
@@ -257,6 +256,14 @@ type loopUpstream struct {
 	// batchErr is the first error a reply of the batch in flight was.
 	batchErr error
 }
+
+// Why a request's reply is dropped.
+const (
+	dropCorrupt = iota + 1 // the delete of a damaged item
+	dropFill               // a hit of another zone stored into the local one
+	dropAlign              // a write bringing another zone in line
+	dropUndo               // the delete of a copy an add refused elsewhere made
+)
 
 // reqQueue is a connection's requests in order: a slice read from head,
 // whose array is used again once every request in it is answered.
@@ -751,7 +758,11 @@ func (s *loopSlot) ask(u *loopUpstream, r *loopReq) {
 		u.out = append(u.out, crlf...)
 	}
 	u.q.push(r)
-	u.srv.CountGet(len(r.asked))
+	if s.zone == 0 {
+		// Counted as the goroutine path counts: its reads of other
+		// zones are not.
+		u.srv.CountGet(len(r.asked))
+	}
 }
 
 // store sends a storage command, its value enveloped when the codec or a
@@ -1044,9 +1055,9 @@ func (s *loopSlot) alignZone(z int, req []byte, count bool) {
 		return
 	}
 	r := take(&ls.reqs)
-	r.srv, r.store, r.drop, r.began = u.srv, true, true, ls.now
+	r.srv, r.store, r.drop, r.zone, r.began = u.srv, true, dropUndo, z, ls.now
 	if count {
-		r.zone = z + 1
+		r.drop = dropAlign
 	}
 	u.out = append(u.out, req...)
 	u.q.push(r)
@@ -1095,8 +1106,15 @@ func (u *loopUpstream) flush() {
 	}
 	u.sent = u.q.len()
 	u.batchErr = nil
-	u.gc.Write(u.out) // an error closes the connection, and OnClose fails the batch
-	u.out = u.out[:0]
+	// A write error closes the connection there and then, and OnClose
+	// fails the batch; what answering it queues on u goes into a buffer
+	// of its own, which must not be cleared here.
+	out := u.out
+	u.out = nil
+	u.gc.Write(out)
+	if len(u.out) == 0 {
+		u.out = out[:0]
+	}
 }
 
 func (u *loopUpstream) dial() {
@@ -1153,16 +1171,38 @@ func (u *loopUpstream) fail(err error) {
 	u.q, u.sent, u.out = reqQueue{}, 0, u.out[:0] // what answering q queues goes to a new array
 	u.scan = replyScan{}
 	for _, r := range q {
-		if r.drop {
-			if r.fill {
-				u.ls.l.p.fills[fillFailed].Add(1)
-			}
-			if r.zone > 0 {
-				u.ls.l.p.zones[r.zone-1].writeFailures.Add(1)
-			}
+		if r.drop > 0 {
+			u.ls.l.p.countDropped(r, nil, err)
 			u.dropped(r)
 		} else {
 			r.done(nil, err)
+		}
+	}
+}
+
+// countDropped counts the reply (or err) of a request whose reply is
+// dropped, as the goroutine path counts its kind.
+func (p *Proxy) countDropped(r *loopReq, reply []byte, err error) {
+	switch r.drop {
+	case dropCorrupt:
+		if err == nil && bytes.Equal(reply, replyDeleted) {
+			p.stats.codecDeleted.Add(1)
+		}
+	case dropFill:
+		switch {
+		case err != nil:
+			p.fills[fillFailed].Add(1)
+		case bytes.Equal(reply, replyStored):
+			p.fills[fillStored].Add(1)
+		default:
+			p.fills[fillNotStored].Add(1)
+		}
+	case dropAlign, dropUndo:
+		if err == nil && isServerError(reply) {
+			r.srv.CountServerError()
+		}
+		if r.drop == dropAlign && writeFailed(reply, err) {
+			p.zones[r.zone].writeFailures.Add(1)
 		}
 	}
 }
@@ -1182,7 +1222,8 @@ func (u *loopUpstream) dropped(r *loopReq) {
 // replies reads the replies that have arrived, in order, and sends the
 // next batch once the last one is answered.
 func (u *loopUpstream) replies() {
-	data, _ := u.gc.Peek(-1)
+	gc := u.gc
+	data, _ := gc.Peek(-1)
 	off := 0
 	for u.sent > 0 && off < len(data) {
 		r := u.q.front()
@@ -1219,24 +1260,12 @@ func (u *loopUpstream) replies() {
 			// goroutine path, with the first error a reply in it was.
 			u.srv.Record(r.began, u.batchErr)
 		}
-		if err != nil {
+		switch {
+		case err != nil:
 			u.scan.reset()
 			r.done(nil, err)
-			continue
-		}
-		switch {
-		case r.drop:
-			p := u.ls.l.p
-			switch {
-			case r.fill && bytes.Equal(reply, replyStored):
-				p.fills[fillStored].Add(1)
-			case r.fill:
-				p.fills[fillNotStored].Add(1)
-			case r.zone > 0 && isServerError(reply):
-				p.zones[r.zone-1].writeFailures.Add(1)
-			case bytes.Equal(reply, replyDeleted):
-				p.stats.codecDeleted.Add(1)
-			}
+		case r.drop > 0:
+			u.ls.l.p.countDropped(r, reply, nil)
 			u.scan.reset()
 			u.dropped(r)
 		case r.store:
@@ -1246,9 +1275,16 @@ func (u *loopUpstream) replies() {
 			u.scan = replyScan{} // the request keeps the buffer
 			r.done(reply, nil)
 		}
+		if u.gc != gc {
+			// A flush made while answering found the connection broken:
+			// gnet closed it there, and OnClose failed what was queued.
+			// What was queued since goes out on a new one.
+			u.flush()
+			return
+		}
 	}
 	if off > 0 {
-		u.gc.Discard(off)
+		gc.Discard(off)
 	}
 	u.flush()
 }
@@ -1525,7 +1561,7 @@ func (s *loopSlot) fill() bool {
 			continue
 		}
 		r := take(&ls.reqs)
-		r.srv, r.store, r.drop, r.fill, r.began = u.srv, true, true, true, now
+		r.srv, r.store, r.drop, r.began = u.srv, true, dropFill, now
 		u.out = appendStorage(u.out, "add", string(key), o.flags, int32(wire.ExptimeOf(o.ttl)), o.size, 0, false)
 		u.out = append(u.out, o.block[len(o.block)-o.size-2:]...)
 		u.q.push(r)
@@ -1652,7 +1688,7 @@ func (s *loopSlot) deleteCorrupt(zone int, key []byte) {
 	lc := s.client
 	u := lc.ls.upstreamOf(lc.c.p.zones[zone].up.Load(), key)
 	r := lc.ls.req(s)
-	r.srv, r.store, r.drop, r.began = u.srv, true, true, lc.ls.now
+	r.srv, r.store, r.drop, r.began = u.srv, true, dropCorrupt, lc.ls.now
 	s.pending++
 	u.out = append(u.out, "delete "...)
 	u.out = append(u.out, key...)

@@ -724,6 +724,10 @@ func testEventLoopZoneWrites(t *testing.T, writes string) {
 	if n := loopHandovers(p); n != 0 {
 		t.Errorf("%d connections left the loop", n)
 	}
+	// The deletes that bring zones in line are not damaged items.
+	if n := p.stats.codecDeleted.Load(); n != 0 {
+		t.Errorf("%d deletes counted as of damaged items", n)
+	}
 	if loopReplies[0] != "STORED\r\n" || loopReplies[6] != "15\r\n" || loopReplies[15] != "NOT_STORED\r\n" {
 		t.Errorf("replies %q", loopReplies)
 	}
