@@ -244,6 +244,14 @@ func startBusyZonedSidecar(t *testing.T) sidecar {
 	if got, want := s.do(t, "get "+zoneOnlyKey+"\r\n"), "VALUE "+zoneOnlyKey+" 0 2\r\nho\r\nEND\r\n"; got != want {
 		t.Fatalf("get of a key only zone-b has answered %q, want %q", got, want)
 	}
+	// The fill goes out after the reply, and is counted once zone-a
+	// answers it: wait for that, for a while.
+	stored := map[string]string{"result": "stored"}
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if n, _ := counterValue(s.scrape(t), "mcsidecar_zone_fills_total", stored); n > 0 {
+			break
+		}
+	}
 	return s
 }
 
