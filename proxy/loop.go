@@ -42,8 +42,9 @@ import (
 // the goroutine path), delete, touch, incr and decr, and version; not the
 // read-modify-writes of enveloped values. With zones, a retrieval falls
 // through the zones as on the goroutine path, the hits of other zones
-// filling the local one, and writes keep the zones in line as there. The local tier is read first, and filled, as on
-// the goroutine path: local tier, local zone, other zones.
+// filling the local one, and writes keep the zones in line as there. The
+// local tier is read first, and filled, as there too: local tier, local
+// zone, other zones.
 // At the first command it does not answer, the connection is handed, with
 // the bytes it has not read yet and the replies still owed, to the
 // goroutine path, which answers everything.
@@ -225,6 +226,9 @@ type loopOwner struct {
 	immutable, inTier bool
 	gen               uint32
 }
+
+// stored returns the value of o's block as memcached holds it.
+func (o *loopOwner) stored() []byte { return o.block[len(o.block)-o.size-2 : len(o.block)-2] }
 
 // loopReq is one request on an upstream connection: a server's share of a
 // retrieval (meta: one mg per key, as other zones are asked), a command
@@ -702,34 +706,51 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 		if first >= 0 || o.inTier {
 			continue
 		}
-		u := ls.upstreamOf(up, rk.up)
-		ri := 0
-		for ri < len(reqUps) && reqUps[ri] != u {
-			ri++
-		}
-		if ri == len(reqUps) {
-			reqUps = append(reqUps, u)
-			s.reqs = append(s.reqs, ls.req(s))
-		}
-		r := s.reqs[ri]
-		r.asked = append(r.asked, i)
+		reqUps = s.group(reqUps, 0, ls.upstreamOf(up, rk.up), i)
 	}
 	lc.slots = append(lc.slots, s)
 	c.lastCmd.Store(s.began.UnixNano())
-	// One more than the requests, so that those that fail at once do not
-	// finish the retrieval before all are sent.
-	s.pending = len(reqUps) + 1
-	for ri, u := range reqUps {
-		r := s.reqs[ri]
-		// With the local tier on, keys are asked with mg, which tells
-		// the time to live an entry needs.
-		r.meta = p.tier != nil
-		s.ask(u, r)
-	}
-	if s.pending--; s.pending == 0 {
+	// With the local tier on, keys are asked with mg, which tells the time
+	// to live an entry needs. The requests go out with the rest of the
+	// client's read.
+	s.send(reqUps, 0, p.tier != nil, false)
+	if s.pending == 0 {
 		s.finish() // every key answered by the tier, or failed
 	}
 	return true
+}
+
+// group adds the retrieval's i-th key to its request to u among those
+// from reqs[start:], one per server of reqUps, made when first needed,
+// and returns reqUps.
+func (s *loopSlot) group(reqUps []*loopUpstream, start int, u *loopUpstream, i int) []*loopUpstream {
+	ri := slices.Index(reqUps, u)
+	if ri < 0 {
+		ri = len(reqUps)
+		reqUps = append(reqUps, u)
+		s.reqs = append(s.reqs, s.client.ls.req(s))
+	}
+	r := s.reqs[start+ri]
+	r.asked = append(r.asked, i)
+	return reqUps
+}
+
+// send sends the retrieval's requests from reqs[start:], one to each
+// server of reqUps, as mg lines when meta says so, and writes each at
+// once when flush says so. The retrieval waits for them all; it is one
+// request more until all are sent, so that those that fail at once do
+// not finish it before.
+func (s *loopSlot) send(reqUps []*loopUpstream, start int, meta, flush bool) {
+	s.pending = len(reqUps) + 1
+	for ri, u := range reqUps {
+		r := s.reqs[start+ri]
+		r.meta = meta
+		s.ask(u, r)
+		if flush {
+			u.flush()
+		}
+	}
+	s.pending--
 }
 
 // ask sends a request of the retrieval to u's server: one get or gets
@@ -738,19 +759,18 @@ func (s *loopSlot) ask(u *loopUpstream, r *loopReq) {
 	if !u.admit(r) {
 		return
 	}
-	switch {
-	case r.meta:
+	if r.meta {
 		for _, i := range r.asked {
 			u.out = append(u.out, "mg "...)
 			u.out = append(u.out, s.upKey(i)...)
 			u.out = append(u.out, " v f t c\r\n"...)
 		}
-	case s.id == cmdGets:
-		u.out = append(u.out, "gets"...)
-	default:
-		u.out = append(u.out, "get"...)
-	}
-	if !r.meta {
+	} else {
+		verb := "get"
+		if s.id == cmdGets {
+			verb = "gets"
+		}
+		u.out = append(u.out, verb...)
 		for _, i := range r.asked {
 			u.out = append(u.out, ' ')
 			u.out = append(u.out, s.upKey(i)...)
@@ -889,7 +909,7 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite, build func([]byte) []byte) {
 	p := lc.c.p
 	s := lc.ls.slot(lc, id)
-	s.noreply, s.pending, s.write = noreply, len(p.zones), w
+	s.noreply, s.write = noreply, w
 	s.ups = append(s.ups[:0], key...)
 	lc.slots = append(lc.slots, s)
 	lc.c.lastCmd.Store(s.began.UnixNano())
@@ -905,6 +925,7 @@ func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite, bui
 		s.tryZone(0)
 		return
 	}
+	s.pending = len(p.zones)
 	var req []byte // the request, as built for the first zone that takes it
 	for _, z := range p.zones {
 		u := lc.ls.upstreamOf(z.up.Load(), key)
@@ -1045,23 +1066,33 @@ func (s *loopSlot) align(reply []byte) {
 // alignZone sends req to the key's server in zone z, and drops its reply,
 // counting a failure against the zone when count says so.
 func (s *loopSlot) alignZone(z int, req []byte, count bool) {
-	p, ls := s.client.c.p, s.client.ls
-	u := ls.upstreamOf(p.zones[z].up.Load(), s.ups)
+	u := s.client.ls.upstreamOf(s.client.c.p.zones[z].up.Load(), s.ups)
+	kind := uint8(dropUndo)
+	if count {
+		kind = dropAlign
+	}
+	if u.queueDropped(kind, z) {
+		u.out = append(u.out, req...)
+		u.flush()
+	}
+}
+
+// queueDropped queues on u a request whose reply is dropped, of kind
+// drop (about zone), whose bytes the caller appends to u.out. It reports
+// false when the server is ejected: the request failed at once, counted
+// as its kind counts a failure.
+func (u *loopUpstream) queueDropped(drop uint8, zone int) bool {
+	ls := u.ls
+	r := take(&ls.reqs)
+	r.srv, r.store, r.drop, r.zone, r.began = u.srv, true, drop, zone, ls.now
 	if err := u.srv.Admit(); err != nil {
 		u.srv.Observe(ls.now, err)
-		if count {
-			p.zones[z].writeFailures.Add(1)
-		}
-		return
+		ls.l.p.countDropped(r, nil, err)
+		ls.putReq(r)
+		return false
 	}
-	r := take(&ls.reqs)
-	r.srv, r.store, r.drop, r.zone, r.began = u.srv, true, dropUndo, z, ls.now
-	if count {
-		r.drop = dropAlign
-	}
-	u.out = append(u.out, req...)
 	u.q.push(r)
-	u.flush()
+	return true
 }
 
 // admit reports whether r may go to the server; a request to an ejected
@@ -1484,31 +1515,14 @@ func (s *loopSlot) askNextZone() bool {
 		if o.first != 0 || o.block != nil || o.inTier {
 			continue
 		}
-		u := ls.upstreamOf(up, s.upKey(i))
-		ri := slices.Index(reqUps, u)
-		if ri < 0 {
-			ri = len(reqUps)
-			reqUps = append(reqUps, u)
-			r := ls.req(s)
-			r.meta = true
-			s.reqs = append(s.reqs, r)
-		}
-		r := s.reqs[start+ri]
-		r.asked = append(r.asked, i)
+		reqUps = s.group(reqUps, start, ls.upstreamOf(up, s.upKey(i)), i)
 		o.zone, o.err = z, nil
 	}
 	if len(reqUps) == 0 {
 		return false
 	}
 	s.zone, s.zoneStart = z, start
-	// One more than the requests, so that those that fail at once do not
-	// finish the retrieval before all are sent.
-	s.pending = len(reqUps) + 1
-	for ri, u := range reqUps {
-		s.ask(u, s.reqs[start+ri])
-		u.flush()
-	}
-	s.pending--
+	s.send(reqUps, start, true, true)
 	return true
 }
 
@@ -1554,17 +1568,11 @@ func (s *loopSlot) fill() bool {
 		}
 		key := s.upKey(i)
 		u := ls.upstreamOf(up, key)
-		now := ls.now
-		if err := u.srv.Admit(); err != nil {
-			u.srv.Observe(now, err)
-			p.fills[fillFailed].Add(1)
+		if !u.queueDropped(dropFill, 0) {
 			continue
 		}
-		r := take(&ls.reqs)
-		r.srv, r.store, r.drop, r.began = u.srv, true, dropFill, now
 		u.out = appendStorage(u.out, "add", string(key), o.flags, int32(wire.ExptimeOf(o.ttl)), o.size, 0, false)
-		u.out = append(u.out, o.block[len(o.block)-o.size-2:]...)
-		u.q.push(r)
+		u.out = append(append(u.out, o.stored()...), crlf...)
 		filled = true
 	}
 	return filled
@@ -1630,7 +1638,7 @@ func (s *loopSlot) answer() {
 func (s *loopSlot) open(i int, o *loopOwner) bool {
 	p := s.client.c.p
 	key := s.key(i)
-	stored := o.block[len(o.block)-o.size-2 : len(o.block)-2]
+	stored := o.stored()
 	if o.bound && !p.codec.IsEnveloped(o.flags) {
 		// Under a rewritten key, a plain item is some client's own value
 		// at an equal key: a miss.
