@@ -257,6 +257,7 @@ type loopUpstream struct {
 	q       reqQueue // requests in order; the first sent are written
 	sent    int
 	scan    replyScan
+	tls     *loopTLS // the connection's TLS client, with --upstream-tls-enabled
 	// batchErr is the first error a reply of the batch in flight was.
 	batchErr error
 }
@@ -464,10 +465,12 @@ func (l *eventLoops) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 		x.gc = gc
 		x.ls = l.state(gc.EventLoop())
 		x.ls.clients[x] = struct{}{}
-	case *loopUpstream:
-		x.gc, x.dialing = gc, false
-		x.ls.now = time.Now()
-		x.flush()
+	case *loopDialed:
+		u := x.u
+		gc.SetContext(u)
+		u.gc, u.tls, u.dialing = gc, x.tls, false
+		u.ls.now = time.Now()
+		u.flush()
 	}
 	return nil, gnet.None
 }
@@ -492,7 +495,7 @@ func (l *eventLoops) OnClose(gc gnet.Conn, err error) gnet.Action {
 	case *loopUpstream:
 		x.ls.now = time.Now()
 		if x.gc == gc {
-			x.gc = nil
+			x.gc, x.tls = nil, nil
 			if err == nil {
 				err = net.ErrClosed
 			}
@@ -1142,7 +1145,11 @@ func (u *loopUpstream) flush() {
 	// of its own, which must not be cleared here.
 	out := u.out
 	u.out = nil
-	u.gc.Write(out)
+	if u.tls == nil {
+		u.gc.Write(out)
+	} else if err := u.tls.write(u.gc, out); err != nil {
+		u.abort(err)
+	}
 	if len(u.out) == 0 {
 		u.out = out[:0]
 	}
@@ -1153,16 +1160,21 @@ func (u *loopUpstream) dial() {
 		return
 	}
 	u.dialing = true
-	p, el := u.ls.l.p, u.ls.el
-	network, addr := "tcp", u.srv.Name()
-	if path, ok := cutUnix(addr); ok {
-		network, addr = "unix", path
-	}
+	el := u.ls.el
 	go func() {
-		nc, err := net.DialTimeout(network, addr, p.cfg.ConnectTimeout)
+		d := &loopDialed{u: u}
+		nc, tc, err := u.srv.DialLoop(context.Background(), func(nc net.Conn) net.Conn {
+			d.tls = &loopTLS{b: &tlsBridge{Conn: nc}}
+			return d.tls.b
+		})
+		if tc != nil {
+			d.tls.conn, d.tls.b.loop = tc, true
+		} else {
+			d.tls = nil
+		}
 		if err == nil {
 			var res <-chan gnet.RegisteredResult
-			res, err = el.Enroll(gnet.NewContext(context.Background(), u), nc)
+			res, err = el.Enroll(gnet.NewContext(context.Background(), d), nc)
 			if err == nil {
 				if r := <-res; r.Err != nil {
 					err = r.Err
@@ -1182,10 +1194,16 @@ func (u *loopUpstream) dial() {
 	}()
 }
 
+// loopDialed is a new upstream connection on its way to the loop.
+type loopDialed struct {
+	u   *loopUpstream
+	tls *loopTLS
+}
+
 // abort closes the connection on err and fails what is queued.
 func (u *loopUpstream) abort(err error) {
 	if gc := u.gc; gc != nil {
-		u.gc = nil
+		u.gc, u.tls = nil, nil
 		u.ls.el.Close(gc)
 	}
 	u.fail(err)
@@ -1253,8 +1271,17 @@ func (u *loopUpstream) dropped(r *loopReq) {
 // replies reads the replies that have arrived, in order, and sends the
 // next batch once the last one is answered.
 func (u *loopUpstream) replies() {
-	gc := u.gc
-	data, _ := gc.Peek(-1)
+	gc, t := u.gc, u.tls
+	var data []byte
+	var readErr error // the end of a TLS session, after the replies in it
+	if t == nil {
+		data, _ = gc.Peek(-1)
+	} else {
+		data, readErr = t.read(gc)
+		if u.gc != gc {
+			return // the write of TLS's own answer failed
+		}
+	}
 	off := 0
 	for u.sent > 0 && off < len(data) {
 		r := u.q.front()
@@ -1314,8 +1341,14 @@ func (u *loopUpstream) replies() {
 			return
 		}
 	}
-	if off > 0 {
+	if t != nil {
+		t.took(off)
+	} else if off > 0 {
 		gc.Discard(off)
+	}
+	if readErr != nil {
+		u.abort(readErr)
+		return
 	}
 	u.flush()
 }

@@ -159,8 +159,7 @@ mcsidecar_client_connections_handed_over_total 1
 // support yet are refused at start, not ignored.
 func TestEventLoopRefusesWhatItCannotServe(t *testing.T) {
 	for name, change := range map[string]func(*Config){
-		"upstream TLS": func(c *Config) { c.UpstreamTLS.Enabled = true },
-		"client TLS":   func(c *Config) { c.TLS.CertPath, c.TLS.KeyPath = "cert.pem", "key.pem" },
+		"client TLS": func(c *Config) { c.TLS.CertPath, c.TLS.KeyPath = "cert.pem", "key.pem" },
 	} {
 		cfg := loopConfig("127.0.0.1:1")
 		change(&cfg)

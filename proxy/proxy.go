@@ -67,7 +67,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 	if cfg.EventLoops == EventLoopsAuto {
 		cfg.EventLoops = cfg.autoEventLoops()
 		if cfg.EventLoops == 0 {
-			log.Info("serving a goroutine per connection: the event loop does not carry TLS yet")
+			log.Info("serving a goroutine per connection: the event loop does not carry TLS to clients yet")
 		}
 	}
 	var err error

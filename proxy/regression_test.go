@@ -414,9 +414,9 @@ func TestHeavyClientDoesNotMakeOthersMiss(t *testing.T) {
 }
 
 // restartMemcached starts a memcached on a given address (after a previous
-// one there was killed).
-func restartMemcached(tb testing.TB, addr string) {
-	if _, ok := runMemcached(tb, addr); !ok {
+// one there was killed), with extra arguments.
+func restartMemcached(tb testing.TB, addr string, extra ...string) {
+	if _, ok := runMemcached(tb, addr, extra...); !ok {
 		tb.Fatal("memcached did not restart")
 	}
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -9,7 +10,9 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"io"
+	"maps"
 	"math/big"
 	"net"
 	"os"
@@ -18,6 +21,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/panjf2000/gnet/v2"
 
 	"mcsidecar/proxy/upstream"
 )
@@ -365,4 +370,154 @@ func TestTLSUpstreamHandshakeIsBoundedByTheConnectTimeout(t *testing.T) {
 			t.Errorf("%q answered %q, want %q", req.req, got, req.want)
 		}
 	}
+}
+
+// TestEventLoopSpeaksTLSUpstream: with --upstream-tls-enabled the event
+// loop keeps its clients and speaks TLS to memcached itself: replies of
+// many TLS records, which arrive in pieces, to several clients at once,
+// requests of several clients in one write, and a session that ends with
+// its memcached, which the next requests replace.
+//
+// The large values are stored one set at a time: memcached 1.6's TLS can
+// stall on a connection when a TLS record holds more than the value it
+// reads (the rest waits in OpenSSL, which epoll does not see), through
+// the goroutine path as through the loop.
+func TestEventLoopSpeaksTLSUpstream(t *testing.T) {
+	pki := newTestPKI(t, "memcached")
+	srvCert, srvKey := pki.issue(t, "memcached", x509.ExtKeyUsageServerAuth)
+	cliCert, cliKey := pki.issue(t, "mcsidecar", x509.ExtKeyUsageClientAuth)
+	tlsArgs := []string{"-Z", "-o", "ssl_chain_cert=" + srvCert + ",ssl_key=" + srvKey + ",ssl_ca_cert=" + pki.caPath + ",ssl_verify_mode=2"}
+	mc, kill := startKillableMemcached(t, tlsArgs...)
+
+	cfg := testConfig(mc)
+	cfg.EventLoops = EventLoopsAuto
+	cfg.UpstreamTLS = UpstreamTLS{Enabled: true, CAPath: pki.caPath, CertPath: cliCert, KeyPath: cliKey}
+	p, addr := startProxy(t, cfg)
+	if p.cfg.EventLoops != 1 {
+		t.Fatalf("--event-loops -1 with upstream TLS serves on %d loops, want 1", p.cfg.EventLoops)
+	}
+
+	value := func(key string, size int) string {
+		piece := key + "."
+		return strings.Repeat(piece, size/len(piece)+1)[:size]
+	}
+	large := []int{16 << 10, 16<<10 + 1, 100 << 10, 500 << 10}
+	small := []int{0, 1, 1000}
+	const clients = 4
+	store := func(round int) {
+		t.Helper()
+		lc := newLineClient(t, addr)
+		for i, size := range large {
+			key := fmt.Sprintf("large-%d-%d", round, i)
+			if got := lc.do(setReq("set", key, value(key, size))); got != "STORED\r\n" {
+				t.Fatalf("set of %d bytes answered %q", size, got)
+			}
+		}
+	}
+	// Each client writes its small sets in one go, so that they reach
+	// memcached in one batch with other clients', then gets every large
+	// key and its small ones in one request.
+	run := func(c, round int) error {
+		nc, err := net.Dial("tcp", addr)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		nc.SetDeadline(time.Now().Add(20 * time.Second))
+		br := bufio.NewReader(nc)
+		var sets, get, want strings.Builder
+		get.WriteString("get")
+		for i, size := range large {
+			key := fmt.Sprintf("large-%d-%d", round, i)
+			get.WriteString(" " + key)
+			want.WriteString(strings.TrimSuffix(valueReply(key, 0, value(key, size)), "END\r\n"))
+		}
+		for i, size := range small {
+			key := fmt.Sprintf("small-%d-%d-%d", round, c, i)
+			v := value(key, size)
+			sets.WriteString(setReq("set", key, v))
+			get.WriteString(" " + key)
+			want.WriteString(strings.TrimSuffix(valueReply(key, 0, v), "END\r\n"))
+		}
+		get.WriteString("\r\n")
+		want.WriteString("END\r\n")
+		if _, err := io.WriteString(nc, sets.String()); err != nil {
+			return err
+		}
+		for i := range small {
+			if got, err := readReply(br); err != nil || got != "STORED\r\n" {
+				return fmt.Errorf("client %d: set %d answered %q, %v", c, i, got, err)
+			}
+		}
+		for range 3 {
+			if _, err := io.WriteString(nc, get.String()); err != nil {
+				return err
+			}
+			got, err := readReply(br)
+			if err != nil || got != want.String() {
+				return fmt.Errorf("client %d: the get of %d keys answered %d bytes (%v), want %d: %q", c, len(large)+len(small), len(got), err, want.Len(), short(got))
+			}
+		}
+		return nil
+	}
+	serve := func(round int) {
+		t.Helper()
+		store(round)
+		errs := make(chan error, clients)
+		for c := range clients {
+			go func() { errs <- run(c, round) }()
+		}
+		for range clients {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	serve(0)
+	if n := loopTLSUpstreams(p); n != 1 {
+		t.Errorf("the loop holds %d TLS connections upstream, want 1", n)
+	}
+
+	// A memcached restarted ends the session; the loop notices, and the
+	// next requests open another.
+	kill()
+	restartMemcached(t, mc, tlsArgs...)
+	deadline := time.Now().Add(10 * time.Second)
+	for loopTLSUpstreams(p) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the loop kept its TLS connection to a memcached that was killed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	serve(1)
+	if n := loopHandovers(p); n != 0 {
+		t.Errorf("%d connections left the loop", n)
+	}
+}
+
+// loopTLSUpstreams counts the TLS connections p's event loops hold to
+// memcached, asked on each loop.
+func loopTLSUpstreams(p *Proxy) int {
+	p.mu.Lock()
+	l := p.loops
+	p.mu.Unlock()
+	l.mu.Lock()
+	loops := maps.Clone(l.loops)
+	l.mu.Unlock()
+	n := 0
+	for el, ls := range loops {
+		done := make(chan int)
+		el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			k := 0
+			for _, u := range ls.ups {
+				if u.tls != nil {
+					k++
+				}
+			}
+			done <- k
+			return nil
+		}))
+		n += <-done
+	}
+	return n
 }

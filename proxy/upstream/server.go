@@ -38,6 +38,11 @@ type Server struct {
 	raw    *rawPool
 	health *health
 	up     *serverStats
+
+	// For DialLoop: a dial without TLS, and the TLS configuration.
+	dialPlain      func(context.Context, string, string) (net.Conn, error)
+	tls            *tls.Config
+	connectTimeout time.Duration
 }
 
 // NewServer returns the server named name, host:port or unix:/path as in
@@ -58,16 +63,19 @@ func NewServer(name string, o *Options) (*Server, error) {
 		}
 	}
 	host, _, _ := net.SplitHostPort(addr) // empty for a unix socket
-	dial = withTLS(dial, tlsCfg, host, o.ConnectTimeout)
+	tlsCfg = tlsFor(tlsCfg, host)
 	up := newServerStats(name, o.Totals)
-	raw := &rawPool{dial: dial, timeout: o.Timeout, connectTimeout: o.ConnectTimeout, maxIdle: o.MaxIdleConns}
+	raw := &rawPool{dial: withTLS(dial, tlsCfg, o.ConnectTimeout), timeout: o.Timeout, connectTimeout: o.ConnectTimeout, maxIdle: o.MaxIdleConns}
 	h := newHealth(name, o, raw.probe)
 	raw.health = h
 	s := &Server{
-		name:   name,
-		raw:    raw,
-		health: h,
-		up:     up,
+		name:           name,
+		raw:            raw,
+		health:         h,
+		up:             up,
+		dialPlain:      dial,
+		tls:            tlsCfg,
+		connectTimeout: o.ConnectTimeout,
 	}
 	s.pipe = newCoalescer(s.raw, up, o.GetConcurrency, o.GetBatchKeys)
 	s.pipe.r.Meta = o.MetaGets
