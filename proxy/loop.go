@@ -1168,7 +1168,7 @@ func (u *loopUpstream) dial() {
 			return d.tls.b
 		})
 		if tc != nil {
-			d.tls.conn, d.tls.b.loop = tc, true
+			d.tls.conn, d.tls.w, d.tls.b.loop = tc, upstream.RequestRecords(tc), true
 		} else {
 			d.tls = nil
 		}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"slices"
 	"time"
@@ -21,6 +22,7 @@ import (
 // comes.
 type loopTLS struct {
 	conn  *tls.Conn
+	w     io.Writer // conn, through upstream.RequestRecords
 	b     *tlsBridge
 	plain []byte // decrypted bytes the loop has not taken yet
 }
@@ -136,9 +138,10 @@ func (t *loopTLS) took(n int) {
 	}
 }
 
-// write encrypts p and writes it.
+// write encrypts requests p and writes them, in TLS records that end
+// where requests end (see upstream.RequestRecords).
 func (t *loopTLS) write(gc gnet.Conn, p []byte) error {
-	if _, err := t.conn.Write(p); err != nil {
+	if _, err := t.w.Write(p); err != nil {
 		return err
 	}
 	t.send(gc)

@@ -24,7 +24,11 @@ func withTLS(dial func(context.Context, string, string) (net.Conn, error), cfg *
 		if err != nil {
 			return nil, err
 		}
-		return handshake(ctx, nc, nc, cfg)
+		tc, err := handshake(ctx, nc, nc, cfg)
+		if err != nil {
+			return nil, err
+		}
+		return &requestConn{Conn: tc, w: RequestRecords(tc)}, nil
 	}
 }
 
@@ -59,7 +63,7 @@ func handshake(ctx context.Context, nc, via net.Conn, cfg *tls.Config) (*tls.Con
 // the servers speak TLS, a TLS client whose handshake is done, speaking
 // through bridge(the plain connection): once the handshake is over, the
 // loop feeds the bridge what arrives and writes what the client wrote to
-// it. The connect timeout bounds the dial and the handshake together, as
+// it. The loop writes requests to the client through RequestRecords. The connect timeout bounds the dial and the handshake together, as
 // for every other connection to the server.
 func (s *Server) DialLoop(ctx context.Context, bridge func(net.Conn) net.Conn) (net.Conn, *tls.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.connectTimeout)
