@@ -98,22 +98,8 @@ type Config struct {
 }
 
 // EventLoopsAuto is the EventLoops (and --event-loops) that picks the
-// data path: one event loop, or a goroutine per connection when clients
-// speak TLS, which the loop does not carry yet.
+// data path: one event loop.
 const EventLoopsAuto = -1
-
-// autoEventLoops is the number of event loops EventLoopsAuto stands for.
-func (c *Config) autoEventLoops() int {
-	if c.loopable() {
-		return 1
-	}
-	return 0
-}
-
-// loopable reports whether the event loop carries the configuration.
-func (c *Config) loopable() bool {
-	return c.TLS.CertPath == ""
-}
 
 // Replies to a retrieval whose upstream failed, for --upstream-retrieval-failure.
 const (
@@ -155,7 +141,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.Var(&c.LocalCacheSize, "local-cache-size", "memory of the local tier, which serves values that never change (keys of a scheme marked immutable: block-scoped index-cache keys, byte ranges of block files) from the sidecar itself, counted as values, keys and bookkeeping (bytes, or with k/m/g suffix); 0 turns it off")
 	c.TLS.registerFlags(fs)
 	c.UpstreamTLS.registerFlags(fs)
-	fs.IntVar(&c.EventLoops, "event-loops", EventLoopsAuto, "serve clients on this many event loops, each with its own upstream connections, instead of a goroutine per connection (get, gets, the storage commands, delete, touch, incr, decr and version stay on the loop, values enveloped and keys rewritten there; a connection that sends anything else, or a read-modify-write of an enveloped value, moves to the goroutine path; not with TLS to clients); 0: a goroutine per connection; -1 (auto): one loop, or 0 with TLS to clients")
+	fs.IntVar(&c.EventLoops, "event-loops", EventLoopsAuto, "serve clients on this many event loops, each with its own upstream connections, instead of a goroutine per connection (get, gets, the storage commands, delete, touch, incr, decr and version stay on the loop, values enveloped and keys rewritten there; a connection that sends anything else, or a read-modify-write of an enveloped value, moves to the goroutine path); 0: a goroutine per connection; -1 (auto): one loop")
 	fs.IntVar(&c.MetricsTenants, "metrics-tenants", 20, "busiest tenants with per-tenant metrics of their own (the rest are counted as \"other\"); 0: no per-tenant metrics")
 }
 
@@ -208,8 +194,6 @@ func (c *Config) Validate() error {
 		return errors.New("enveloping every value needs codec settings")
 	case c.EventLoops < EventLoopsAuto || c.EventLoops > 256:
 		return errors.New("--event-loops must be -1 (auto) or between 0 and 256")
-	case c.EventLoops > 0 && !c.loopable():
-		return errors.New("--event-loops does not work with TLS to clients yet: leave it at -1 (auto) or 0")
 	case c.LocalCacheSize > 0 && c.Keys == nil:
 		return errors.New("--local-cache-size needs the key schemes: they say which values never change")
 	case c.Keys != nil && c.Codec == nil:

@@ -289,6 +289,7 @@ func (c *conn) lingerUntil() time.Time {
 // serveBlocking runs a connection whose socket the proxy cannot wait on
 // itself (TLS): it reads, handles what arrived, and reads again.
 func (c *conn) serveBlocking() error {
+	c.markBusy() // requests an event loop handed over may be read already
 	for {
 		err := c.process()
 		if err != errNeedMore {

@@ -233,7 +233,7 @@ func serveProxy(tb testing.TB, cfg Config) (*Proxy, string, <-chan error) {
 // serveProxyLog is serveProxy with the proxy logging to log.
 func serveProxyLog(tb testing.TB, cfg Config, log *slog.Logger) (*Proxy, string, <-chan error) {
 	tb.Helper()
-	if loopSuite && cfg.EventLoops == 0 && cfg.loopable() {
+	if loopSuite && cfg.EventLoops == 0 {
 		cfg.EventLoops = 1
 	}
 	p, err := New(cfg, "mcsidecar-test", log)

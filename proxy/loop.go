@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"io"
 	"log/slog"
 	"math/bits"
 	"net"
@@ -84,6 +85,7 @@ type loopState struct {
 	reqs    []*loopReq
 	bufs    [][]byte
 	dec     []byte // a value being opened
+	sealBuf []byte // a reply to a TLS client, before encryption
 	// now is when the loop's callback running began: the clock is read
 	// once per event, not per request (four reads a request otherwise).
 	now time.Time
@@ -105,6 +107,8 @@ type loopClient struct {
 	last             time.Time
 	hand             *handover // replies owed to a connection handed over
 	iov              []syscall.Iovec
+	tls              *loopTLS // the connection's TLS server, with --tls-cert-path
+	ended            bool     // the client ended its TLS session
 }
 
 // loopSlot is one reply owed to a client: ready when no request of it is
@@ -448,6 +452,36 @@ func (l *eventLoops) enroll(c *conn) error {
 	return err
 }
 
+// enrollTLS makes the TLS handshake of an accepted connection, whose
+// socket is raw, and then moves it onto a loop. The TLS server speaks
+// through a bridge, as a loop's TLS clients do upstream (see loopTLS).
+// The handshake is bounded by --idle-timeout, as the goroutine path's
+// first read is.
+func (l *eventLoops) enrollTLS(c *conn, raw net.Conn, t *loopTLS) {
+	if d := l.p.cfg.IdleTimeout; d > 0 {
+		raw.SetDeadline(time.Now().Add(d))
+	}
+	err := t.conn.Handshake()
+	raw.SetDeadline(time.Time{})
+	if err == nil {
+		t.b.loop = true
+		lc := &loopClient{c: c, last: time.Now(), tls: t}
+		c.lc = lc
+		// While the loop has it, the connection's socket is the one gnet
+		// closes once it has a duplicate, as for a plain client: closing
+		// the TLS session from elsewhere would write into the bridge.
+		c.wakeMu.Lock()
+		c.nc = raw
+		c.wakeMu.Unlock()
+		_, err = l.cli.EnrollContext(raw, lc)
+	}
+	if err != nil {
+		c.logClose(err)
+		raw.Close()
+		l.p.untrack(c)
+	}
+}
+
 func (l *eventLoops) state(el gnet.EventLoop) *loopState {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -465,6 +499,11 @@ func (l *eventLoops) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 		x.gc = gc
 		x.ls = l.state(gc.EventLoop())
 		x.ls.clients[x] = struct{}{}
+		if x.tls != nil {
+			// Requests sent right after the handshake may be read already.
+			x.ls.now = time.Now()
+			return nil, x.traffic()
+		}
 	case *loopDialed:
 		u := x.u
 		gc.SetContext(u)
@@ -546,18 +585,60 @@ func (ls *loopState) check() {
 
 // traffic handles every request that has arrived whole.
 func (lc *loopClient) traffic() gnet.Action {
-	n := lc.gc.InboundBuffered()
+	var readErr error
+	if lc.tls != nil {
+		if _, readErr = lc.tls.read(lc.gc); lc.gc == nil {
+			return gnet.None // the write of TLS's own answer failed
+		}
+	}
+	n := lc.buffered()
 	if n > lc.unread {
 		lc.c.p.stats.bytesRead.Add(uint64(n - lc.unread))
 	}
 	lc.inTraffic = true
 	lc.process()
 	lc.inTraffic = false
-	lc.unread = lc.gc.InboundBuffered()
-	if (lc.handoff || lc.c.p.draining()) && len(lc.slots) == 0 && lc.gc.OutboundBuffered() == 0 {
+	lc.unread = lc.buffered()
+	if readErr != nil {
+		// The client ended its TLS session: the replies owed are
+		// written, then the connection closes. A session broken ends
+		// at once.
+		lc.closing, lc.ended = true, true
+		if readErr != io.EOF || len(lc.slots) == 0 {
+			return gnet.Close
+		}
+	}
+	if (lc.handoff || lc.ended || lc.c.p.draining()) && len(lc.slots) == 0 && lc.gc.OutboundBuffered() == 0 {
 		return gnet.Close // what written leaves to this callback's return
 	}
 	return gnet.None
+}
+
+// inbound returns the request bytes that arrived and are not handled yet:
+// gnet's, or with TLS the decrypted ones.
+func (lc *loopClient) inbound() []byte {
+	if lc.tls != nil {
+		return lc.tls.plain
+	}
+	b, _ := lc.gc.Peek(-1)
+	return b
+}
+
+// buffered is len(inbound()).
+func (lc *loopClient) buffered() int {
+	if lc.tls != nil {
+		return len(lc.tls.plain)
+	}
+	return lc.gc.InboundBuffered()
+}
+
+// handled drops the first n bytes of inbound().
+func (lc *loopClient) handled(n int) {
+	if lc.tls != nil {
+		lc.tls.took(n)
+	} else if n > 0 {
+		lc.gc.Discard(n)
+	}
 }
 
 // process answers the whole requests buffered, until it meets one it
@@ -567,7 +648,7 @@ func (lc *loopClient) process() {
 		return
 	}
 	lc.inProcess = true
-	data, _ := lc.gc.Peek(-1)
+	data := lc.inbound()
 	off := 0
 	first := len(lc.slots) // the replies to this read
 	for off < len(data) && len(lc.slots) < loopMaxSlots {
@@ -589,7 +670,7 @@ func (lc *loopClient) process() {
 		off += n
 	}
 	if off > 0 {
-		lc.gc.Discard(off)
+		lc.handled(off)
 		lc.last = lc.ls.now
 	}
 	for _, u := range lc.ls.ups {
@@ -1777,7 +1858,7 @@ func (lc *loopClient) written() {
 	if lc.gc == nil {
 		return
 	}
-	if lc.handoff || lc.c.p.draining() {
+	if lc.handoff || lc.ended || lc.c.p.draining() {
 		// gnet must not close a connection inside its own OnTraffic:
 		// traffic closes it by its return.
 		if !lc.inTraffic && lc.gc.OutboundBuffered() == 0 {
@@ -1785,7 +1866,7 @@ func (lc *loopClient) written() {
 		}
 		return
 	}
-	if lc.gc.InboundBuffered() > 0 {
+	if lc.buffered() > 0 {
 		lc.process() // requests held back while too many replies were owed
 	}
 }
@@ -1872,14 +1953,17 @@ func (lc *loopClient) closed(err error) {
 	c := lc.c
 	delete(lc.ls.clients, lc)
 	gc := lc.gc
+	unread := lc.buffered()
+	var prefix []byte
+	if unread > 0 {
+		prefix = append(prefix, lc.inbound()...)
+	}
 	lc.gc = nil
-	if lc.closing || !lc.handoff && (err == nil || len(lc.slots) == 0 && gc.InboundBuffered() == 0) {
+	if lc.closing || !lc.handoff && (err == nil || len(lc.slots) == 0 && unread == 0) {
 		lc.abandon()
 		c.p.untrack(c)
 		return
 	}
-	rest, _ := gc.Peek(-1)
-	prefix := append([]byte(nil), rest...)
 	fd, derr := gc.Dup()
 	if derr != nil {
 		lc.abandon()
@@ -1902,6 +1986,12 @@ func (lc *loopClient) closed(err error) {
 			for range h.replies {
 			}
 			return
+		}
+		if t := lc.tls; t != nil {
+			// The TLS session goes on over the new socket, after the
+			// bytes the loop read but did not decrypt.
+			t.b.Conn, t.b.loop = nc, false
+			nc = t.conn
 		}
 		c.adopt(nc, prefix)
 		for b := range h.replies {
@@ -1941,6 +2031,10 @@ const loopCopyMax = 256 << 10
 // it once the socket has room. It returns nil, or the rest of a reply too
 // long to copy, for which it has begun to hand the connection over.
 func (lc *loopClient) send(out [][]byte) [][]byte {
+	if lc.tls != nil {
+		lc.sendTLS(out)
+		return nil
+	}
 	st := lc.c.p.stats
 	gc := lc.gc
 	if gc.OutboundBuffered() > 0 {
@@ -1971,4 +2065,46 @@ func (lc *loopClient) send(out [][]byte) [][]byte {
 	lc.handoff = true
 	lc.ls.el.Close(gc) // closed() starts the handover
 	return rest
+}
+
+// sendTLS writes a reply over TLS: encrypted whole, so that its pieces do
+// not each make a record, and straight to the socket when nothing waits
+// before it; what the socket does not take is copied into gnet's buffer,
+// however long (the goroutine path could not go on with a TLS session
+// whose record was half written).
+func (lc *loopClient) sendTLS(out [][]byte) {
+	gc, t := lc.gc, lc.tls
+	plain := lc.ls.sealBuf[:0]
+	for _, b := range out {
+		plain = append(plain, b...)
+	}
+	lc.ls.sealBuf = plain[:0]
+	if _, err := t.conn.Write(plain); err != nil {
+		lc.closing = true
+		lc.ls.el.Close(gc)
+		return
+	}
+	lc.c.p.stats.bytesWritten.Add(uint64(len(plain)))
+	if cap(plain) > tlsKeepMax {
+		lc.ls.sealBuf = nil
+	}
+	sealed := t.b.out
+	t.b.out = sealed[:0]
+	if cap(sealed) > tlsKeepMax {
+		t.b.out = nil
+	}
+	if gc.OutboundBuffered() > 0 {
+		gc.Write(sealed)
+		return
+	}
+	rest, _, iov, err := sockio.WriteSome(gc.Fd(), [][]byte{sealed}, lc.iov)
+	lc.iov = iov
+	if err != nil {
+		lc.closing = true
+		lc.ls.el.Close(gc)
+		return
+	}
+	if len(rest) > 0 {
+		gc.Writev(rest)
+	}
 }

@@ -155,30 +155,8 @@ mcsidecar_client_connections_handed_over_total 1
 	}
 }
 
-// TestEventLoopRefusesWhatItCannotServe: the settings the loop does not
-// support yet are refused at start, not ignored.
-func TestEventLoopRefusesWhatItCannotServe(t *testing.T) {
-	for name, change := range map[string]func(*Config){
-		"client TLS": func(c *Config) { c.TLS.CertPath, c.TLS.KeyPath = "cert.pem", "key.pem" },
-	} {
-		cfg := loopConfig("127.0.0.1:1")
-		change(&cfg)
-		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "--event-loops") {
-			t.Errorf("%s with --event-loops: %v, want refused", name, err)
-		}
-		// Left to choose, the proxy serves them on goroutines.
-		cfg.EventLoops = EventLoopsAuto
-		if err := cfg.Validate(); err != nil {
-			t.Errorf("%s with --event-loops -1: %v", name, err)
-		}
-		if n := cfg.autoEventLoops(); n != 0 {
-			t.Errorf("%s with --event-loops -1 runs %d loops", name, n)
-		}
-	}
-}
-
 // TestEventLoopByDefault: --event-loops -1, the flag's default, serves
-// clients on one loop when the configuration allows it.
+// clients on one loop.
 func TestEventLoopByDefault(t *testing.T) {
 	up := startMemcached(t)
 	cfg := keyspaceConfig(up)

@@ -31,7 +31,7 @@ type loopTLS struct {
 type tlsBridge struct {
 	net.Conn        // the socket, used until the handshake is over
 	loop     bool   // the loop owns the socket: read in and write out
-	in       []byte // bytes from the socket; the client has read in[off:]
+	in       []byte // bytes from the socket; TLS has read in[:off]
 	off      int
 	out      []byte
 }
@@ -52,7 +52,7 @@ func (recordPending) Timeout() bool   { return true }
 func (recordPending) Temporary() bool { return true }
 
 func (b *tlsBridge) Read(p []byte) (int, error) {
-	if !b.loop {
+	if !b.loop && b.off == len(b.in) {
 		return b.Conn.Read(p)
 	}
 	if b.off == len(b.in) {
@@ -101,8 +101,9 @@ func (b *tlsBridge) SetWriteDeadline(t time.Time) error {
 }
 
 // read decrypts what gnet holds of gc and returns every decrypted byte
-// not yet taken; a reply the server closed the session in is io.EOF.
-// Bytes TLS itself must answer with are written.
+// not yet taken, with io.EOF once the peer ended the session (the bytes
+// before it are good) or the error that broke it. Bytes TLS itself must
+// answer with are written.
 func (t *loopTLS) read(gc gnet.Conn) ([]byte, error) {
 	b := t.b
 	raw, _ := gc.Peek(-1)

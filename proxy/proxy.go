@@ -65,10 +65,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.EventLoops == EventLoopsAuto {
-		cfg.EventLoops = cfg.autoEventLoops()
-		if cfg.EventLoops == 0 {
-			log.Info("serving a goroutine per connection: the event loop does not carry TLS to clients yet")
-		}
+		cfg.EventLoops = 1
 	}
 	var err error
 	var cd *codec.Codec
@@ -201,12 +198,22 @@ func (p *Proxy) Serve(ln net.Listener) error {
 			p.refuse(nc)
 			continue
 		}
-		if p.tls != nil {
+		raw := nc
+		var t *loopTLS
+		if p.tls != nil && p.loops != nil {
+			t = &loopTLS{b: &tlsBridge{Conn: nc}}
+			t.conn = tls.Server(t.b, p.tls)
+			nc = t.conn
+		} else if p.tls != nil {
 			nc = tls.Server(nc, p.tls) // the handshake runs on the first read
 		}
 		c := newConn(p, nc)
 		if !p.track(c) {
 			nc.Close()
+			continue
+		}
+		if t != nil {
+			go p.loops.enrollTLS(c, raw, t)
 			continue
 		}
 		if p.loops != nil {

@@ -403,10 +403,6 @@ func testTLSUpstreamPipelined(t *testing.T, loops int) {
 		t.Fatalf("--event-loops -1 with upstream TLS serves on %d loops, want 1", p.cfg.EventLoops)
 	}
 
-	value := func(key string, size int) string {
-		piece := key + "."
-		return strings.Repeat(piece, size/len(piece)+1)[:size]
-	}
 	large := []int{16 << 10, 16<<10 + 1, 100 << 10, 500 << 10}
 	small := []int{0, 1, 1000, 16 << 10, 16<<10 + 1, 40 << 10}
 	const clients = 4
@@ -417,7 +413,7 @@ func testTLSUpstreamPipelined(t *testing.T, loops int) {
 		var sets strings.Builder
 		for i, size := range large {
 			key := fmt.Sprintf("large-%d-%d", round, i)
-			sets.WriteString(setReq("set", key, value(key, size)))
+			sets.WriteString(setReq("set", key, keyedValue(key, size)))
 			sets.WriteString(setReq("set", key+"-small", "v"))
 		}
 		io.WriteString(lc.c, sets.String())
@@ -443,11 +439,11 @@ func testTLSUpstreamPipelined(t *testing.T, loops int) {
 		for i, size := range large {
 			key := fmt.Sprintf("large-%d-%d", round, i)
 			get.WriteString(" " + key)
-			want.WriteString(strings.TrimSuffix(valueReply(key, 0, value(key, size)), "END\r\n"))
+			want.WriteString(strings.TrimSuffix(valueReply(key, 0, keyedValue(key, size)), "END\r\n"))
 		}
 		for i, size := range small {
 			key := fmt.Sprintf("small-%d-%d-%d", round, c, i)
-			v := value(key, size)
+			v := keyedValue(key, size)
 			sets.WriteString(setReq("set", key, v))
 			get.WriteString(" " + key)
 			want.WriteString(strings.TrimSuffix(valueReply(key, 0, v), "END\r\n"))
@@ -509,6 +505,12 @@ func testTLSUpstreamPipelined(t *testing.T, loops int) {
 	}
 }
 
+// keyedValue is a value of size bytes that says which key it is for.
+func keyedValue(key string, size int) string {
+	piece := key + "."
+	return strings.Repeat(piece, size/len(piece)+1)[:size]
+}
+
 // loopTLSUpstreams counts the TLS connections p's event loops hold to
 // memcached, asked on each loop.
 func loopTLSUpstreams(p *Proxy) int {
@@ -534,4 +536,128 @@ func loopTLSUpstreams(p *Proxy) int {
 		n += <-done
 	}
 	return n
+}
+
+// TestTLSClientsOnTheLoop: TLS clients on the event loop (the default),
+// several at once: pipelined sets and gets of values of every size, with
+// replies of many TLS records; a command the loop does not answer moves
+// the connection, TLS session and all, to the goroutine path, with the
+// replies owed and the requests read after it; a client that writes its
+// requests a byte at a time, in a record each; a client that ends its
+// session with replies owed.
+func TestTLSClientsOnTheLoop(t *testing.T) {
+	pki := newTestPKI(t, "clients")
+	cert, key := pki.issue(t, "proxy", x509.ExtKeyUsageServerAuth)
+	cfg := testConfig(startMemcached(t))
+	cfg.EventLoops = EventLoopsAuto
+	cfg.TLS = ServerTLS{CertPath: cert, KeyPath: key}
+	p, addr := startProxy(t, cfg)
+	if p.cfg.EventLoops != 1 {
+		t.Fatalf("--event-loops -1 with TLS to clients serves on %d loops, want 1", p.cfg.EventLoops)
+	}
+
+	sizes := []int{0, 1, 1000, 16 << 10, 16<<10 + 1, 100 << 10, 300 << 10}
+	run := func(c int) error {
+		tc, err := tlsDial(t, addr, pki.caPath, "", "")
+		if err != nil {
+			return err
+		}
+		tc.SetDeadline(time.Now().Add(20 * time.Second))
+		br := bufio.NewReader(tc)
+		var sets, get, want strings.Builder
+		get.WriteString("get")
+		for i, size := range sizes {
+			key := fmt.Sprintf("c%d-%d", c, i)
+			v := keyedValue(key, size)
+			sets.WriteString(setReq("set", key, v))
+			get.WriteString(" " + key)
+			want.WriteString(strings.TrimSuffix(valueReply(key, 0, v), "END\r\n"))
+		}
+		get.WriteString("\r\n")
+		want.WriteString("END\r\n")
+		// The sets and two gets in one write.
+		if _, err := io.WriteString(tc, sets.String()+get.String()+get.String()); err != nil {
+			return err
+		}
+		for i := range sizes {
+			if got, err := readReply(br); err != nil || got != "STORED\r\n" {
+				return fmt.Errorf("client %d: set %d answered %q, %v", c, i, got, err)
+			}
+		}
+		for range 2 {
+			if got, err := readReply(br); err != nil || got != want.String() {
+				return fmt.Errorf("client %d: the get answered %d bytes (%v), want %d: %q", c, len(got), err, want.Len(), short(got))
+			}
+		}
+		// mn moves the connection: the get before it is owed, the one
+		// after it is read already.
+		one := fmt.Sprintf("c%d-1", c)
+		if _, err := io.WriteString(tc, "get "+one+"\r\nmn\r\n"+get.String()); err != nil {
+			return err
+		}
+		for i, w := range []string{valueReply(one, 0, keyedValue(one, 1)), "MN\r\n", want.String()} {
+			if got, err := readReply(br); err != nil || got != w {
+				return fmt.Errorf("client %d: reply %d around the handover: %q (%v), want %q", c, i, short(got), err, short(w))
+			}
+		}
+		if got := roundTrip(tc, get.String()); got != want.String() {
+			return fmt.Errorf("client %d: a get on the goroutine path answered %d bytes, want %d", c, len(got), want.Len())
+		}
+		return nil
+	}
+	const clients = 4
+	errs := make(chan error, clients)
+	for c := range clients {
+		go func() { errs <- run(c) }()
+	}
+	for range clients {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if n := loopHandovers(p); n != clients {
+		t.Errorf("%d connections left the loop, want %d (at mn)", n, clients)
+	}
+
+	// A byte a time: each write makes a TLS record of one byte.
+	tc, err := tlsDial(t, addr, pki.caPath, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.SetDeadline(time.Now().Add(10 * time.Second))
+	for _, b := range []byte("set one 5 0 3\r\nabc\r\nget one\r\n") {
+		if _, err := tc.Write([]byte{b}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	br := bufio.NewReader(tc)
+	for i, want := range []string{"STORED\r\n", "VALUE one 5 3\r\nabc\r\nEND\r\n"} {
+		if got, err := readReply(br); err != nil || got != want {
+			t.Errorf("reply %d to a request sent a byte a time: %q, %v", i, got, err)
+		}
+	}
+
+	// A client that ends its session (close_notify) after its requests
+	// still gets the replies, then the connection closes.
+	tc, err = tlsDial(t, addr, pki.caPath, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(tc, "get one\r\nget one\r\n")
+	if err := tc.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	br = bufio.NewReader(tc)
+	for i := range 2 {
+		if got, err := readReply(br); err != nil || got != "VALUE one 5 3\r\nabc\r\nEND\r\n" {
+			t.Errorf("reply %d after the client's close_notify: %q, %v", i, got, err)
+		}
+	}
+	if b, err := br.ReadByte(); err == nil {
+		t.Errorf("the connection stayed open after the replies: read %q", b)
+	}
+	if n := loopHandovers(p); n != clients {
+		t.Errorf("%d connections left the loop, want %d", n, clients)
+	}
 }

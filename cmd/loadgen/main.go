@@ -14,6 +14,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -46,6 +47,7 @@ type config struct {
 	keyPrefix string
 	timeout   time.Duration
 	waitStart time.Duration
+	tls       bool
 }
 
 func (c *config) registerFlags(fs *pflag.FlagSet) {
@@ -60,6 +62,7 @@ func (c *config) registerFlags(fs *pflag.FlagSet) {
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the request mix and of the value contents")
 	fs.StringVar(&c.keyPrefix, "key-prefix", "lg:", "prefix of every key (printable, no spaces)")
 	fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "longest wait for connecting or for one reply")
+	fs.BoolVar(&c.tls, "tls", false, "speak TLS to the server, accepting any certificate (a load, not a check of the server's identity)")
 	fs.DurationVar(&c.waitStart, "wait-start", 0, "after pre-population, print \"loadgen: populated\" on stderr and wait up to this long for SIGUSR1 before the timed phase, so that a harness can sample the server in between (0: start at once)")
 }
 
@@ -296,7 +299,13 @@ type worker struct {
 
 func newWorker(id int, sh *shared) (*worker, error) {
 	cfg := sh.cfg
-	nc, err := net.DialTimeout("tcp", cfg.addr, cfg.timeout)
+	var nc net.Conn
+	var err error
+	if cfg.tls {
+		nc, err = tls.DialWithDialer(&net.Dialer{Timeout: cfg.timeout}, "tcp", cfg.addr, &tls.Config{InsecureSkipVerify: true})
+	} else {
+		nc, err = net.DialTimeout("tcp", cfg.addr, cfg.timeout)
+	}
 	if err != nil {
 		return nil, err
 	}
