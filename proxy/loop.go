@@ -108,7 +108,6 @@ type loopClient struct {
 	hand             *handover // replies owed to a connection handed over
 	iov              []syscall.Iovec
 	tls              *loopTLS // the connection's TLS server, with --tls-cert-path
-	ended            bool     // the client ended its TLS session
 }
 
 // loopSlot is one reply owed to a client: ready when no request of it is
@@ -464,14 +463,14 @@ func (l *eventLoops) enrollTLS(c *conn, raw net.Conn, t *loopTLS) {
 	err := t.conn.Handshake()
 	raw.SetDeadline(time.Time{})
 	if err == nil {
-		t.b.loop = true
 		lc := &loopClient{c: c, last: time.Now(), tls: t}
 		c.lc = lc
 		// While the loop has it, the connection's socket is the one gnet
 		// closes once it has a duplicate, as for a plain client: closing
 		// the TLS session from elsewhere would write into the bridge.
+		// A shutdown reaches the socket under wakeMu.
 		c.wakeMu.Lock()
-		c.nc = raw
+		c.nc, t.b.loop = raw, true
 		c.wakeMu.Unlock()
 		_, err = l.cli.EnrollContext(raw, lc)
 	}
@@ -598,17 +597,24 @@ func (lc *loopClient) traffic() gnet.Action {
 	lc.inTraffic = true
 	lc.process()
 	lc.inTraffic = false
-	lc.unread = lc.buffered()
-	if readErr != nil {
-		// The client ended its TLS session: the replies owed are
-		// written, then the connection closes. A session broken ends
-		// at once.
-		lc.closing, lc.ended = true, true
-		if readErr != io.EOF || len(lc.slots) == 0 {
-			return gnet.Close
-		}
+	if lc.gc == nil {
+		return gnet.None // a write failed and closed the connection
 	}
-	if (lc.handoff || lc.ended || lc.c.p.draining()) && len(lc.slots) == 0 && lc.gc.OutboundBuffered() == 0 {
+	lc.unread = lc.buffered()
+	switch {
+	case readErr == nil:
+	case readErr == io.EOF && (len(lc.slots) > 0 || lc.unread > 0):
+		// The client ended its TLS session after requests not all
+		// answered: as a plain client that half-closes, the connection
+		// moves to the goroutine path once the loop's replies are
+		// written, which answers the rest and then sees the end.
+		lc.handoff = true
+	default:
+		// Ended with nothing owed, or broken: closed at once.
+		lc.closing = true
+		return gnet.Close
+	}
+	if (lc.handoff || lc.c.p.draining()) && len(lc.slots) == 0 && lc.gc.OutboundBuffered() == 0 {
 		return gnet.Close // what written leaves to this callback's return
 	}
 	return gnet.None
@@ -1858,7 +1864,7 @@ func (lc *loopClient) written() {
 	if lc.gc == nil {
 		return
 	}
-	if lc.handoff || lc.ended || lc.c.p.draining() {
+	if lc.handoff || lc.c.p.draining() {
 		// gnet must not close a connection inside its own OnTraffic:
 		// traffic closes it by its return.
 		if !lc.inTraffic && lc.gc.OutboundBuffered() == 0 {
@@ -1959,6 +1965,11 @@ func (lc *loopClient) closed(err error) {
 		prefix = append(prefix, lc.inbound()...)
 	}
 	lc.gc = nil
+	if lc.tls != nil && gc.OutboundBuffered() > 0 {
+		// gnet still holds part of a TLS record; the session cannot go
+		// on elsewhere.
+		lc.closing = true
+	}
 	if lc.closing || !lc.handoff && (err == nil || len(lc.slots) == 0 && unread == 0) {
 		lc.abandon()
 		c.p.untrack(c)
@@ -2079,15 +2090,15 @@ func (lc *loopClient) sendTLS(out [][]byte) {
 		plain = append(plain, b...)
 	}
 	lc.ls.sealBuf = plain[:0]
+	if cap(plain) > tlsKeepMax {
+		lc.ls.sealBuf = nil
+	}
 	if _, err := t.conn.Write(plain); err != nil {
 		lc.closing = true
 		lc.ls.el.Close(gc)
 		return
 	}
 	lc.c.p.stats.bytesWritten.Add(uint64(len(plain)))
-	if cap(plain) > tlsKeepMax {
-		lc.ls.sealBuf = nil
-	}
 	sealed := t.b.out
 	t.b.out = sealed[:0]
 	if cap(sealed) > tlsKeepMax {

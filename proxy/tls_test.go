@@ -637,27 +637,40 @@ func TestTLSClientsOnTheLoop(t *testing.T) {
 		}
 	}
 
-	// A client that ends its session (close_notify) after its requests
-	// still gets the replies, then the connection closes.
+	// A client that ends its session (close_notify) after more requests
+	// than the loop answers at once still gets every reply, as a plain
+	// client that half-closes does: the loop answers what it holds and
+	// the goroutine path the rest. Then the connection closes.
 	tc, err = tlsDial(t, addr, pki.caPath, "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	tc.SetDeadline(time.Now().Add(10 * time.Second))
-	io.WriteString(tc, "get one\r\nget one\r\n")
+	const gets = loopMaxSlots + 44
+	io.WriteString(tc, strings.Repeat("get one\r\n", gets)+"set two 0 0 1\r\n2\r\n")
 	if err := tc.CloseWrite(); err != nil {
 		t.Fatal(err)
 	}
 	br = bufio.NewReader(tc)
-	for i := range 2 {
+	for i := range gets {
 		if got, err := readReply(br); err != nil || got != "VALUE one 5 3\r\nabc\r\nEND\r\n" {
-			t.Errorf("reply %d after the client's close_notify: %q, %v", i, got, err)
+			t.Fatalf("reply %d after the client's close_notify: %q, %v", i, got, err)
 		}
+	}
+	if got, err := readReply(br); err != nil || got != "STORED\r\n" {
+		t.Errorf("the set after %d gets and before close_notify: %q, %v", gets, got, err)
 	}
 	if b, err := br.ReadByte(); err == nil {
 		t.Errorf("the connection stayed open after the replies: read %q", b)
 	}
-	if n := loopHandovers(p); n != clients {
-		t.Errorf("%d connections left the loop, want %d", n, clients)
+	tc, err = tlsDial(t, addr, pki.caPath, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := roundTrip(tc, "get two\r\n"); got != "VALUE two 0 1\r\n2\r\nEND\r\n" {
+		t.Errorf("the set sent before close_notify: get answered %q", got)
+	}
+	if n := loopHandovers(p); n != clients+1 {
+		t.Errorf("%d connections left the loop, want %d (at mn, and at the close_notify)", n, clients+1)
 	}
 }
