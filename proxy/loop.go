@@ -1256,8 +1256,6 @@ func (u *loopUpstream) dial() {
 		})
 		if tc != nil {
 			d.tls.conn, d.tls.w, d.tls.b.loop = tc, upstream.RequestRecords(tc), true
-		} else {
-			d.tls = nil
 		}
 		if err == nil {
 			var res <-chan gnet.RegisteredResult
@@ -1960,21 +1958,19 @@ func (lc *loopClient) closed(err error) {
 	delete(lc.ls.clients, lc)
 	gc := lc.gc
 	unread := lc.buffered()
-	var prefix []byte
-	if unread > 0 {
-		prefix = append(prefix, lc.inbound()...)
-	}
-	lc.gc = nil
 	if lc.tls != nil && gc.OutboundBuffered() > 0 {
 		// gnet still holds part of a TLS record; the session cannot go
 		// on elsewhere.
 		lc.closing = true
 	}
 	if lc.closing || !lc.handoff && (err == nil || len(lc.slots) == 0 && unread == 0) {
+		lc.gc = nil
 		lc.abandon()
 		c.p.untrack(c)
 		return
 	}
+	prefix := append([]byte(nil), lc.inbound()...)
+	lc.gc = nil
 	fd, derr := gc.Dup()
 	if derr != nil {
 		lc.abandon()

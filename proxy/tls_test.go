@@ -434,23 +434,15 @@ func testTLSUpstreamPipelined(t *testing.T, loops int) {
 		defer nc.Close()
 		nc.SetDeadline(time.Now().Add(20 * time.Second))
 		br := bufio.NewReader(nc)
-		var sets, get, want strings.Builder
-		get.WriteString("get")
+		var b keyBatch
 		for i, size := range large {
-			key := fmt.Sprintf("large-%d-%d", round, i)
-			get.WriteString(" " + key)
-			want.WriteString(strings.TrimSuffix(valueReply(key, 0, keyedValue(key, size)), "END\r\n"))
+			b.add(fmt.Sprintf("large-%d-%d", round, i), size, false)
 		}
 		for i, size := range small {
-			key := fmt.Sprintf("small-%d-%d-%d", round, c, i)
-			v := keyedValue(key, size)
-			sets.WriteString(setReq("set", key, v))
-			get.WriteString(" " + key)
-			want.WriteString(strings.TrimSuffix(valueReply(key, 0, v), "END\r\n"))
+			b.add(fmt.Sprintf("small-%d-%d-%d", round, c, i), size, true)
 		}
-		get.WriteString("\r\n")
-		want.WriteString("END\r\n")
-		if _, err := io.WriteString(nc, sets.String()); err != nil {
+		sets, get, want := b.requests()
+		if _, err := io.WriteString(nc, sets); err != nil {
 			return err
 		}
 		for i := range small {
@@ -459,12 +451,12 @@ func testTLSUpstreamPipelined(t *testing.T, loops int) {
 			}
 		}
 		for range 3 {
-			if _, err := io.WriteString(nc, get.String()); err != nil {
+			if _, err := io.WriteString(nc, get); err != nil {
 				return err
 			}
 			got, err := readReply(br)
-			if err != nil || got != want.String() {
-				return fmt.Errorf("client %d: the get of %d keys answered %d bytes (%v), want %d: %q", c, len(large)+len(small), len(got), err, want.Len(), short(got))
+			if err != nil || got != want {
+				return fmt.Errorf("client %d: the get of %d keys answered %d bytes (%v), want %d: %q", c, len(large)+len(small), len(got), err, len(want), short(got))
 			}
 		}
 		return nil
@@ -503,6 +495,26 @@ func testTLSUpstreamPipelined(t *testing.T, loops int) {
 	if n := loopHandovers(p); n != 0 {
 		t.Errorf("%d connections left the loop", n)
 	}
+}
+
+// keyBatch gathers keys with values of given sizes: their sets, one get
+// of them all and its reply.
+type keyBatch struct{ sets, keys, values strings.Builder }
+
+// add adds key, with a value of size bytes, set in the batch when set
+// says so.
+func (b *keyBatch) add(key string, size int, set bool) {
+	v := keyedValue(key, size)
+	if set {
+		b.sets.WriteString(setReq("set", key, v))
+	}
+	b.keys.WriteString(" " + key)
+	b.values.WriteString(strings.TrimSuffix(valueReply(key, 0, v), "END\r\n"))
+}
+
+// requests returns the sets, the get, and the get's reply.
+func (b *keyBatch) requests() (sets, get, want string) {
+	return b.sets.String(), "get" + b.keys.String() + "\r\n", b.values.String() + "END\r\n"
 }
 
 // keyedValue is a value of size bytes that says which key it is for.
@@ -564,19 +576,13 @@ func TestTLSClientsOnTheLoop(t *testing.T) {
 		}
 		tc.SetDeadline(time.Now().Add(20 * time.Second))
 		br := bufio.NewReader(tc)
-		var sets, get, want strings.Builder
-		get.WriteString("get")
+		var b keyBatch
 		for i, size := range sizes {
-			key := fmt.Sprintf("c%d-%d", c, i)
-			v := keyedValue(key, size)
-			sets.WriteString(setReq("set", key, v))
-			get.WriteString(" " + key)
-			want.WriteString(strings.TrimSuffix(valueReply(key, 0, v), "END\r\n"))
+			b.add(fmt.Sprintf("c%d-%d", c, i), size, true)
 		}
-		get.WriteString("\r\n")
-		want.WriteString("END\r\n")
+		sets, get, want := b.requests()
 		// The sets and two gets in one write.
-		if _, err := io.WriteString(tc, sets.String()+get.String()+get.String()); err != nil {
+		if _, err := io.WriteString(tc, sets+get+get); err != nil {
 			return err
 		}
 		for i := range sizes {
@@ -585,23 +591,23 @@ func TestTLSClientsOnTheLoop(t *testing.T) {
 			}
 		}
 		for range 2 {
-			if got, err := readReply(br); err != nil || got != want.String() {
-				return fmt.Errorf("client %d: the get answered %d bytes (%v), want %d: %q", c, len(got), err, want.Len(), short(got))
+			if got, err := readReply(br); err != nil || got != want {
+				return fmt.Errorf("client %d: the get answered %d bytes (%v), want %d: %q", c, len(got), err, len(want), short(got))
 			}
 		}
 		// mn moves the connection: the get before it is owed, the one
 		// after it is read already.
 		one := fmt.Sprintf("c%d-1", c)
-		if _, err := io.WriteString(tc, "get "+one+"\r\nmn\r\n"+get.String()); err != nil {
+		if _, err := io.WriteString(tc, "get "+one+"\r\nmn\r\n"+get); err != nil {
 			return err
 		}
-		for i, w := range []string{valueReply(one, 0, keyedValue(one, 1)), "MN\r\n", want.String()} {
+		for i, w := range []string{valueReply(one, 0, keyedValue(one, 1)), "MN\r\n", want} {
 			if got, err := readReply(br); err != nil || got != w {
 				return fmt.Errorf("client %d: reply %d around the handover: %q (%v), want %q", c, i, short(got), err, short(w))
 			}
 		}
-		if got := roundTrip(tc, get.String()); got != want.String() {
-			return fmt.Errorf("client %d: a get on the goroutine path answered %d bytes, want %d", c, len(got), want.Len())
+		if got := roundTrip(tc, get); got != want {
+			return fmt.Errorf("client %d: a get on the goroutine path answered %d bytes, want %d", c, len(got), len(want))
 		}
 		return nil
 	}
