@@ -58,6 +58,14 @@ const loopTick = 10 * time.Millisecond
 // stops reading its requests until some are written.
 const loopMaxSlots = 256
 
+// loopOutMax is the most bytes of a client's replies gnet holds, written
+// once the socket has room. A client that reads its replies slower than
+// that makes the loop hold its next replies where they are and answer no
+// more of its requests, until gnet holds less again (checked every
+// loopTick); so a client that sends gets and reads no replies costs the
+// proxy what it sent, not the replies.
+const loopOutMax = loopCopyMax
+
 // eventLoops runs the gnet loops of a proxy.
 type eventLoops struct {
 	gnet.BuiltinEventEngine
@@ -103,6 +111,7 @@ type loopClient struct {
 	hangUp           bool // the command handed over is an HTTP request
 	inProcess        bool // process is running: replies made meanwhile are written when it ends
 	inTraffic        bool // in the client's own OnTraffic, which closes it by its return
+	held             bool // replies or requests wait until gnet holds fewer bytes of replies (loopOutMax)
 	unread           int  // bytes buffered that were already counted
 	last             time.Time
 	hand             *handover // replies owed to a connection handed over
@@ -564,6 +573,20 @@ func (ls *loopState) check() {
 	idle := p.cfg.IdleTimeout
 	for lc := range ls.clients {
 		switch {
+		case lc.full():
+			// Its replies wait for it to read those gnet holds.
+			if idle > 0 && now.Sub(lc.last) > idle {
+				p.stats.connsIdleClosed.Add(1)
+				lc.closing = true
+				ls.el.Close(lc.gc)
+			}
+		case lc.held:
+			lc.held = false
+			if len(lc.slots) > 0 {
+				lc.written() // and the requests held back with them
+			} else {
+				lc.process()
+			}
 		case len(lc.slots) > 0:
 		case lc.handoff:
 			if lc.gc.OutboundBuffered() == 0 {
@@ -651,6 +674,10 @@ func (lc *loopClient) handled(n int) {
 // hands over.
 func (lc *loopClient) process() {
 	if lc.handoff || lc.inProcess {
+		return
+	}
+	if lc.full() {
+		lc.held = true
 		return
 	}
 	lc.inProcess = true
@@ -1833,6 +1860,10 @@ func (lc *loopClient) written() {
 	n := 0
 	for n < len(lc.slots) && lc.slots[n].pending == 0 {
 		s := lc.slots[n]
+		if !s.noreply && lc.full() {
+			lc.held = true
+			break
+		}
 		st.latency[s.id].Observe(lc.ls.now.Sub(s.began).Seconds())
 		rest := s.out
 		if !s.noreply && lc.gc != nil && !lc.ls.l.abandon.Load() {
@@ -2012,6 +2043,12 @@ func (lc *loopClient) closed(err error) {
 		}
 		c.serve()
 	}()
+}
+
+// full reports whether gnet holds so much of the client's replies that
+// the next must wait.
+func (lc *loopClient) full() bool {
+	return lc.gc != nil && lc.gc.OutboundBuffered() > loopOutMax
 }
 
 // abandon drops the replies a closed client is owed.

@@ -709,3 +709,49 @@ func testEventLoopZoneWrites(t *testing.T, writes string) {
 		t.Errorf("replies %q", loopReplies)
 	}
 }
+
+// TestEventLoopSlowReaderGetsEveryReply pipelines 400 gets of a 16 KiB
+// value, 6.4 MiB of replies, and reads them slowly: the loop holds replies
+// back while gnet holds more than loopOutMax of them, and must go on by
+// itself once the client has read, answering every get in order, on the
+// loop.
+func TestEventLoopSlowReaderGetsEveryReply(t *testing.T) {
+	p, addr := startProxy(t, loopConfig(startMemcached(t)))
+	value := strings.Repeat("v", 16<<10)
+	setter := newLineClient(t, addr)
+	if got := setter.do("set big 0 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\n"); got != "STORED\r\n" {
+		t.Fatalf("set answered %q", got)
+	}
+	setter.c.Close()
+
+	const gets = 400
+	c := dial(t, addr)
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := c.Write([]byte(strings.Repeat("get big\r\n", gets)))
+		wrote <- err
+	}()
+	want := []byte("VALUE big 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\nEND\r\n")
+	got := make([]byte, len(want))
+	for i := range gets {
+		// 16 KiB at a time with a pause: slower than the loop writes.
+		for n := 0; n < len(got); {
+			m, err := c.Read(got[n:min(len(got), n+16<<10)])
+			if err != nil {
+				t.Fatalf("reply %d: %v after %d bytes", i, err, n)
+			}
+			n += m
+			time.Sleep(100 * time.Microsecond)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("reply %d is not the value's: %.60q", i, got)
+		}
+	}
+	if err := <-wrote; err != nil {
+		t.Fatal(err)
+	}
+	if n := loopHandovers(p); n != 0 {
+		t.Errorf("%d connections handed over, want the slow reader kept on the loop", n)
+	}
+}
