@@ -8,6 +8,7 @@ import (
 	"hash/maphash"
 	"io"
 	"log/slog"
+	"math"
 	"math/bits"
 	"net"
 	"os"
@@ -609,7 +610,7 @@ func (ls *loopState) check() {
 func (lc *loopClient) traffic() gnet.Action {
 	var readErr error
 	if lc.tls != nil {
-		if _, readErr = lc.tls.read(lc.gc); lc.gc == nil {
+		if readErr = lc.tls.read(lc.gc); lc.gc == nil {
 			return gnet.None // the write of TLS's own answer failed
 		}
 	}
@@ -643,31 +644,31 @@ func (lc *loopClient) traffic() gnet.Action {
 	return gnet.None
 }
 
-// inbound returns the request bytes that arrived and are not handled yet:
-// gnet's, or with TLS the decrypted ones.
-func (lc *loopClient) inbound() []byte {
-	if lc.tls != nil {
-		return lc.tls.plain
+// unhandled returns the bytes gc brought that are not handled yet: gnet's,
+// or with TLS (t) the decrypted ones.
+func unhandled(gc gnet.Conn, t *loopTLS) []byte {
+	if t != nil {
+		return t.plain
 	}
-	b, _ := lc.gc.Peek(-1)
+	b, _ := gc.Peek(-1)
 	return b
 }
 
-// buffered is len(inbound()).
+// handle drops the first n bytes of unhandled(gc, t).
+func handle(gc gnet.Conn, t *loopTLS, n int) {
+	if t != nil {
+		t.took(n)
+	} else if n > 0 {
+		gc.Discard(n)
+	}
+}
+
+// buffered is how many request bytes arrived and are not handled yet.
 func (lc *loopClient) buffered() int {
 	if lc.tls != nil {
 		return len(lc.tls.plain)
 	}
 	return lc.gc.InboundBuffered()
-}
-
-// handled drops the first n bytes of inbound().
-func (lc *loopClient) handled(n int) {
-	if lc.tls != nil {
-		lc.tls.took(n)
-	} else if n > 0 {
-		lc.gc.Discard(n)
-	}
 }
 
 // process answers the whole requests buffered, until it meets one it
@@ -681,7 +682,7 @@ func (lc *loopClient) process() {
 		return
 	}
 	lc.inProcess = true
-	data := lc.inbound()
+	data := unhandled(lc.gc, lc.tls)
 	off := 0
 	first := len(lc.slots) // the replies to this read
 	for off < len(data) && len(lc.slots) < loopMaxSlots {
@@ -703,7 +704,7 @@ func (lc *loopClient) process() {
 		off += n
 	}
 	if off > 0 {
-		lc.handled(off)
+		handle(lc.gc, lc.tls, off)
 		lc.last = lc.ls.now
 	}
 	for _, u := range lc.ls.ups {
@@ -1384,16 +1385,13 @@ func (u *loopUpstream) dropped(r *loopReq) {
 // next batch once the last one is answered.
 func (u *loopUpstream) replies() {
 	gc, t := u.gc, u.tls
-	var data []byte
 	var readErr error // the end of a TLS session, after the replies in it
-	if t == nil {
-		data, _ = gc.Peek(-1)
-	} else {
-		data, readErr = t.read(gc)
-		if u.gc != gc {
+	if t != nil {
+		if readErr = t.read(gc); u.gc != gc {
 			return // the write of TLS's own answer failed
 		}
 	}
+	data := unhandled(gc, t)
 	off := 0
 	for u.sent > 0 && off < len(data) {
 		r := u.q.front()
@@ -1453,11 +1451,7 @@ func (u *loopUpstream) replies() {
 			return
 		}
 	}
-	if t != nil {
-		t.took(off)
-	} else if off > 0 {
-		gc.Discard(off)
-	}
+	handle(gc, t, off)
 	if readErr != nil {
 		u.abort(readErr)
 		return
@@ -2000,7 +1994,7 @@ func (lc *loopClient) closed(err error) {
 		c.p.untrack(c)
 		return
 	}
-	prefix := append([]byte(nil), lc.inbound()...)
+	prefix := append([]byte(nil), unhandled(gc, lc.tls)...)
 	lc.gc = nil
 	fd, derr := gc.Dup()
 	if derr != nil {
@@ -2079,45 +2073,22 @@ func (lc *loopClient) send(out [][]byte) [][]byte {
 		lc.sendTLS(out)
 		return nil
 	}
-	st := lc.c.p.stats
-	gc := lc.gc
-	if gc.OutboundBuffered() > 0 {
-		n, _ := gc.Writev(out)
-		st.bytesWritten.Add(uint64(n))
-		return nil
-	}
-	rest, n, iov, err := sockio.WriteSome(gc.Fd(), out, lc.iov)
-	lc.iov = iov
-	st.bytesWritten.Add(uint64(n))
-	if err != nil {
-		lc.closing = true
-		lc.ls.el.Close(gc)
-		return nil
-	}
-	size := 0
-	for _, b := range rest {
-		size += len(b)
-	}
-	switch {
-	case size == 0:
-		return nil
-	case size <= loopCopyMax:
-		gc.Writev(rest)
-		st.bytesWritten.Add(uint64(size))
+	n, rest, ok := lc.put(out, loopCopyMax)
+	lc.c.p.stats.bytesWritten.Add(uint64(n))
+	if !ok || len(rest) == 0 {
 		return nil
 	}
 	lc.handoff = true
-	lc.ls.el.Close(gc) // closed() starts the handover
+	lc.ls.el.Close(lc.gc) // closed() starts the handover
 	return rest
 }
 
 // sendTLS writes a reply over TLS: encrypted whole, so that its pieces do
-// not each make a record, and straight to the socket when nothing waits
-// before it; what the socket does not take is copied into gnet's buffer,
-// however long (the goroutine path could not go on with a TLS session
-// whose record was half written).
+// not each make a record, and put as send puts a plain one, except that
+// gnet takes whatever the socket does not, however long (the goroutine
+// path could not go on with a TLS session whose record was half written).
 func (lc *loopClient) sendTLS(out [][]byte) {
-	gc, t := lc.gc, lc.tls
+	t := lc.tls
 	plain := lc.ls.sealBuf[:0]
 	for _, b := range out {
 		plain = append(plain, b...)
@@ -2128,7 +2099,7 @@ func (lc *loopClient) sendTLS(out [][]byte) {
 	}
 	if _, err := t.conn.Write(plain); err != nil {
 		lc.closing = true
-		lc.ls.el.Close(gc)
+		lc.ls.el.Close(lc.gc)
 		return
 	}
 	lc.c.p.stats.bytesWritten.Add(uint64(len(plain)))
@@ -2137,18 +2108,36 @@ func (lc *loopClient) sendTLS(out [][]byte) {
 	if cap(sealed) > tlsKeepMax {
 		t.b.out = nil
 	}
+	lc.put([][]byte{sealed}, math.MaxInt)
+}
+
+// put writes bufs straight to the socket when gnet holds none of the
+// client's bytes, and gives gnet the rest the socket does not take, up to
+// copyMax bytes; when gnet holds some, it gives gnet all. It returns how
+// many bytes it wrote or gave gnet and the rest it did not, or ok false
+// when the write failed, which closes the connection.
+func (lc *loopClient) put(bufs [][]byte, copyMax int) (n int, rest [][]byte, ok bool) {
+	gc := lc.gc
 	if gc.OutboundBuffered() > 0 {
-		gc.Write(sealed)
-		return
+		n, _ = gc.Writev(bufs)
+		return n, nil, true
 	}
-	rest, _, iov, err := sockio.WriteSome(gc.Fd(), [][]byte{sealed}, lc.iov)
+	rest, n, iov, err := sockio.WriteSome(gc.Fd(), bufs, lc.iov)
 	lc.iov = iov
 	if err != nil {
 		lc.closing = true
 		lc.ls.el.Close(gc)
-		return
+		return n, nil, false
 	}
-	if len(rest) > 0 {
+	size := 0
+	for _, b := range rest {
+		size += len(b)
+	}
+	if size > copyMax {
+		return n, rest, true
+	}
+	if size > 0 {
 		gc.Writev(rest)
 	}
+	return n + size, nil, true
 }

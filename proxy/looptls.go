@@ -100,11 +100,10 @@ func (b *tlsBridge) SetWriteDeadline(t time.Time) error {
 	return nil
 }
 
-// read decrypts what gnet holds of gc and returns every decrypted byte
-// not yet taken, with io.EOF once the peer ended the session (the bytes
-// before it are good) or the error that broke it. Bytes TLS itself must
-// answer with are written.
-func (t *loopTLS) read(gc gnet.Conn) ([]byte, error) {
+// read decrypts what gnet holds of gc onto t.plain. It returns io.EOF
+// once the peer ended the session (the bytes before it are good) or the
+// error that broke it. Bytes TLS itself must answer with are written.
+func (t *loopTLS) read(gc gnet.Conn) error {
 	b := t.b
 	raw, _ := gc.Peek(-1)
 	b.in = append(b.in[:copy(b.in, b.in[b.off:])], raw...)
@@ -124,7 +123,7 @@ func (t *loopTLS) read(gc gnet.Conn) ([]byte, error) {
 		err = nil
 	}
 	t.send(gc)
-	return t.plain, err
+	return err
 }
 
 // took drops the first n decrypted bytes, which the loop has read. The
