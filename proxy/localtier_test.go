@@ -812,3 +812,41 @@ func readHundred(rc *rawClient, req []byte) (int, error) {
 		}
 	}
 }
+
+// TestLocalTierCountsEveryKeyNamed names an immutable key three times in
+// one get, once it is in the tier and once it is in neither the tier nor
+// memcached: the tier's reads count each naming, as memcached's get_hits
+// and get_misses do, on both paths.
+func TestLocalTierCountsEveryKeyNamed(t *testing.T) {
+	for _, loops := range []int{0, 1} {
+		t.Run(fmt.Sprint("event-loops=", loops), func(t *testing.T) {
+			cfg := tierConfig(tierTestSize, startMemcached(t))
+			cfg.EventLoops = loops
+			p, addr := startProxy(t, cfg)
+			reg := registry(t, p)
+			sc := newLineClient(t, addr)
+			misses := func() float64 {
+				return counterWith(t, reg, "mcsidecar_local_cache_reads_total", "result", "miss")
+			}
+			key, absent := tierKey("thrice"), tierKey("absent")
+			if r := sc.do(setReq("set", key, "v")); r != "STORED\r\n" {
+				t.Fatalf("set: %q", r)
+			}
+			sc.do("get " + key + "\r\n") // fills the tier
+			hits0, misses0 := tierHits(t, reg), misses()
+			want := strings.Repeat(strings.TrimSuffix(valueReply(key, 0, "v"), "END\r\n"), 3) + "END\r\n"
+			if r := sc.do("get " + key + " " + key + " " + key + "\r\n"); r != want {
+				t.Fatalf("get of a key named thrice: %q", r)
+			}
+			if h := tierHits(t, reg) - hits0; h != 3 {
+				t.Errorf("tier hits rose by %v for a key named thrice, want 3", h)
+			}
+			if r := sc.do("get " + absent + " " + absent + "\r\n"); r != "END\r\n" {
+				t.Fatalf("get of an absent key named twice: %q", r)
+			}
+			if m := misses() - misses0; m != 2 {
+				t.Errorf("tier misses rose by %v for an absent key named twice, want 2", m)
+			}
+		})
+	}
+}

@@ -25,7 +25,6 @@ import (
 	"mcsidecar/codec"
 	"mcsidecar/proxy/internal/sockio"
 	"mcsidecar/proxy/internal/wire"
-	"mcsidecar/proxy/tier"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -811,14 +810,17 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 			s.ups = append(s.ups, rk.up...)
 			o.upEnd = len(s.ups)
 		}
-		if first < 0 && rk.immutable {
-			// get answers from the tier; gets needs memcached's CAS.
-			var e *tier.Entry
-			e, o.gen = p.fromTier(k, string(rk.up), id == cmdGet, s.began.UnixNano())
-			if e != nil {
+		if rk.immutable {
+			// get answers from the tier; gets needs memcached's CAS. A key
+			// named again is answered as the first time, but looked up
+			// again, so that the tier counts every naming, as memcached's
+			// get_hits do.
+			e, gen := p.fromTier(k, string(rk.up), id == cmdGet, s.began.UnixNano())
+			if first < 0 && e != nil {
 				o.inTier = true
 				s.inArena(&o, k, e.Flags, e.Value, 0, false)
 			}
+			o.gen = gen
 		}
 		s.owners = append(s.owners, o)
 		if first >= 0 || o.inTier {
