@@ -2008,6 +2008,7 @@ func (lc *loopClient) closed(err error) {
 	h := &handover{replies: make(chan [][]byte, len(lc.slots))}
 	if len(lc.slots) > 0 {
 		lc.hand = h
+		lc.written() // the replies held back go first
 	} else {
 		close(h.replies)
 	}
@@ -2047,11 +2048,13 @@ func (lc *loopClient) full() bool {
 	return lc.gc != nil && lc.gc.OutboundBuffered() > loopOutMax
 }
 
-// abandon drops the replies a closed client is owed.
+// abandon drops the replies a closed client is owed, at once those held
+// back and the rest as they come.
 func (lc *loopClient) abandon() {
 	for _, s := range lc.slots {
 		s.noreply = true
 	}
+	lc.written()
 }
 
 // handover carries the replies a client is owed to the goroutine that

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"strconv"
@@ -753,5 +754,37 @@ func TestEventLoopSlowReaderGetsEveryReply(t *testing.T) {
 	}
 	if n := loopHandovers(p); n != 0 {
 		t.Errorf("%d connections handed over, want the slow reader kept on the loop", n)
+	}
+}
+
+// TestEventLoopHeldClientThatLeavesIsGone sends gets of a 16 KiB value
+// until the loop holds the client's replies back, then closes without
+// reading any: the connection must go, on the loop or after its handover,
+// with nothing left waiting for replies no one will write.
+func TestEventLoopHeldClientThatLeavesIsGone(t *testing.T) {
+	_, addr := startProxy(t, loopConfig(startMemcached(t)))
+	value := strings.Repeat("v", 16<<10)
+	probe := newLineClient(t, addr)
+	if got := probe.do("set big 0 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\n"); got != "STORED\r\n" {
+		t.Fatalf("set answered %q", got)
+	}
+	baseline := probe.stat("curr_connections")
+
+	deaf := dial(t, addr)
+	deaf.SetDeadline(time.Now().Add(10 * time.Second))
+	// 2,000 gets owe 32 MiB of replies: more than the socket buffers and
+	// gnet hold, so the loop holds replies back before the client stops.
+	batch := strings.Repeat("get big\r\n", 100)
+	for range 20 {
+		if _, err := io.WriteString(deaf, batch); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	deaf.Close()
+	waitStat(t, probe, "curr_connections", func(v uint64) bool { return v == baseline })
+	if got := probe.do("get big\r\n"); got != "VALUE big 0 "+fmt.Sprint(len(value))+"\r\n"+value+"\r\nEND\r\n" {
+		t.Errorf("get after the client left: %.60q", got)
 	}
 }
