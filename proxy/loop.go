@@ -111,6 +111,7 @@ type loopClient struct {
 	hangUp           bool // the command handed over is an HTTP request
 	inProcess        bool // process is running: replies made meanwhile are written when it ends
 	inTraffic        bool // in the client's own OnTraffic, which closes it by its return
+	writing          bool // written is running
 	held             bool // replies or requests wait until gnet holds fewer bytes of replies (loopOutMax)
 	unread           int  // bytes buffered that were already counted
 	last             time.Time
@@ -1849,11 +1850,15 @@ func (s *loopSlot) deleteCorrupt(zone int, key []byte) {
 // written writes the client's replies that are ready, in order, and hands
 // the connection over once nothing is owed when that was asked.
 func (lc *loopClient) written() {
-	if lc.inProcess {
-		return // process writes what is ready when it ends
+	if lc.inProcess || lc.writing {
+		// process writes what is ready when it ends; a write that
+		// closes the connection calls back in here through closed(),
+		// and the loop below goes on with the connection closed.
+		return
 	}
 	st := lc.c.p.stats
 	n := 0
+	lc.writing = true
 	for n < len(lc.slots) && lc.slots[n].pending == 0 {
 		s := lc.slots[n]
 		if !s.noreply && lc.full() {
@@ -1873,6 +1878,7 @@ func (lc *loopClient) written() {
 		lc.slots[n] = nil
 		n++
 	}
+	lc.writing = false
 	if n == 0 {
 		return
 	}
@@ -1889,9 +1895,10 @@ func (lc *loopClient) written() {
 	if lc.gc == nil {
 		return
 	}
-	if lc.handoff || lc.c.p.draining() {
+	if lc.handoff || lc.c.p.draining() && lc.buffered() == 0 {
 		// gnet must not close a connection inside its own OnTraffic:
-		// traffic closes it by its return.
+		// traffic closes it by its return. A draining proxy answers the
+		// requests it has read first.
 		if !lc.inTraffic && lc.gc.OutboundBuffered() == 0 {
 			lc.ls.el.Close(lc.gc)
 		}
@@ -1985,9 +1992,11 @@ func (lc *loopClient) closed(err error) {
 	delete(lc.ls.clients, lc)
 	gc := lc.gc
 	unread := lc.buffered()
-	if lc.tls != nil && gc.OutboundBuffered() > 0 {
-		// gnet still holds part of a TLS record; the session cannot go
-		// on elsewhere.
+	if gc.OutboundBuffered() > 0 {
+		// gnet still holds replies, which it writes after this returns
+		// without waiting for the socket: a goroutine writing after them
+		// could put its bytes before theirs, and a TLS session cannot go
+		// on from part of a record. The replies end here.
 		lc.closing = true
 	}
 	if lc.closing || !lc.handoff && (err == nil || len(lc.slots) == 0 && unread == 0) {

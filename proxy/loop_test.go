@@ -3,12 +3,15 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -786,5 +789,123 @@ func TestEventLoopHeldClientThatLeavesIsGone(t *testing.T) {
 	waitStat(t, probe, "curr_connections", func(v uint64) bool { return v == baseline })
 	if got := probe.do("get big\r\n"); got != "VALUE big 0 "+fmt.Sprint(len(value))+"\r\n"+value+"\r\nEND\r\n" {
 		t.Errorf("get after the client left: %.60q", got)
+	}
+}
+
+// dialSmallWindow connects with a 4 KiB receive buffer, so that the
+// proxy's socket takes little of a long reply at once.
+func dialSmallWindow(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var err error
+		if cerr := rc.Control(func(fd uintptr) {
+			err = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+		}); cerr != nil {
+			return cerr
+		}
+		return err
+	}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestEventLoopLongRepliesInOrder gets a 900 KiB value, longer than the
+// loop copies, many times over sockets that do not take it at once: one
+// get at a time, pipelined and read slowly, and pipelined and read in
+// bursts. Replies the loop holds back and the reply that moves the
+// connection to a goroutine must all arrive, whole and in order, with the
+// reply of a version after them.
+func TestEventLoopLongRepliesInOrder(t *testing.T) {
+	cfg := loopConfig(startMemcached(t))
+	cfg.Timeout = 10 * time.Second // 54 MB of replies, under the race detector too
+	_, addr := startProxy(t, cfg)
+	value := strings.Repeat("v", 900<<10)
+	setter := newLineClient(t, addr)
+	if got := setter.do("set big 0 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\n"); got != "STORED\r\n" {
+		t.Fatalf("set answered %q", got)
+	}
+	want := "VALUE big 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\nEND\r\n"
+	check := func(t *testing.T, c net.Conn, gets int, pause func(i int)) {
+		for i := 0; i <= gets; i++ {
+			w := want
+			if i == gets {
+				w = "VERSION mcsidecar-test\r\n"
+			}
+			pause(i)
+			got := make([]byte, len(w))
+			if _, err := io.ReadFull(c, got); err != nil || string(got) != w {
+				t.Fatalf("reply %d: %.60q (%v)", i, got, err)
+			}
+		}
+	}
+	t.Run("one at a time", func(t *testing.T) {
+		c := dialSmallWindow(t, addr)
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		for range 6 {
+			if _, err := io.WriteString(c, "get big\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		io.WriteString(c, "version\r\n")
+		check(t, c, 6, func(int) {})
+	})
+	t.Run("pipelined, read slowly", func(t *testing.T) {
+		c := dialSmallWindow(t, addr)
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		io.WriteString(c, strings.Repeat("get big\r\n", 30)+"version\r\n")
+		check(t, c, 30, func(int) { time.Sleep(30 * time.Millisecond) })
+	})
+	t.Run("pipelined, read in bursts", func(t *testing.T) {
+		c := dial(t, addr)
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		io.WriteString(c, strings.Repeat("get big\r\n", 60)+"version\r\n")
+		check(t, c, 60, func(i int) {
+			if i%3 == 0 {
+				time.Sleep(40 * time.Millisecond)
+			}
+		})
+	})
+	if got := setter.do("version\r\n"); got != "VERSION mcsidecar-test\r\n" {
+		t.Fatalf("the proxy after: %q", got)
+	}
+}
+
+// TestEventLoopHalfCloseNeverScrambles pipelines 2,000 gets of a 16 KiB
+// value, ends its side of the connection while most replies are still to
+// come, and reads slowly. The loop may cut the replies short (gnet cannot
+// hand over what it still holds), but what the client reads must be the
+// replies in order, never bytes of one inside another.
+func TestEventLoopHalfCloseNeverScrambles(t *testing.T) {
+	_, addr := startProxy(t, loopConfig(startMemcached(t)))
+	value := strings.Repeat("v", 16<<10)
+	setter := newLineClient(t, addr)
+	if got := setter.do("set big 0 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\n"); got != "STORED\r\n" {
+		t.Fatalf("set answered %q", got)
+	}
+	const gets = 2000
+	c := dialSmallWindow(t, addr)
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.WriteString(c, strings.Repeat("get big\r\n", gets)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	c.(*net.TCPConn).CloseWrite()
+	time.Sleep(100 * time.Millisecond)
+	want := "VALUE big 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\nEND\r\n"
+	got, err := io.ReadAll(c)
+	if err != nil && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatal(err)
+	}
+	for i := 0; len(got) > 0; i++ {
+		n := min(len(got), len(want))
+		if string(got[:n]) != want[:n] {
+			t.Fatalf("reply %d is not the value's: %.60q", i, got[:n])
+		}
+		got = got[n:]
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -275,5 +276,52 @@ func waitServed(t *testing.T, served <-chan error) {
 		}
 	case <-time.After(2 * time.Second):
 		t.Error("Serve still running after Shutdown")
+	}
+}
+
+// TestDrainAnswersRequestsAlreadyRead pipelines 1,000 gets of a 16 KiB
+// value over a small receive window and starts a shutdown while most
+// replies are still owed: the proxy reads the requests early (on the
+// event loop while it holds replies back), and must answer every one
+// before it closes the connection, on both paths.
+func TestDrainAnswersRequestsAlreadyRead(t *testing.T) {
+	for _, loops := range []int{0, 1} {
+		t.Run(fmt.Sprint("event-loops=", loops), func(t *testing.T) {
+			cfg := testConfig(startMemcached(t))
+			cfg.EventLoops = loops
+			p, addr, _ := serveProxy(t, cfg)
+			value := strings.Repeat("v", 16<<10)
+			setter := newLineClient(t, addr)
+			if got := setter.do("set big 0 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\n"); got != "STORED\r\n" {
+				t.Fatalf("set answered %q", got)
+			}
+			setter.c.Close()
+			const gets = 1000
+			c := dialSmallWindow(t, addr)
+			c.SetDeadline(time.Now().Add(15 * time.Second))
+			if _, err := io.WriteString(c, strings.Repeat("get big\r\n", gets)); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(200 * time.Millisecond)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- p.Shutdown(ctx) }()
+			want := "VALUE big 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\nEND\r\n"
+			br := bufio.NewReader(c)
+			n := 0
+			for ; n < gets; n++ {
+				got := make([]byte, len(want))
+				if _, err := io.ReadFull(br, got); err != nil || string(got) != want {
+					break
+				}
+			}
+			if n != gets {
+				t.Errorf("%d of %d replies before the drain closed the connection", n, gets)
+			}
+			if err := <-done; err != nil {
+				t.Errorf("shutdown: %v", err)
+			}
+		})
 	}
 }
