@@ -594,8 +594,10 @@ func (ls *loopState) check() {
 				ls.el.Close(lc.gc)
 			}
 		case p.draining():
-			lc.closing = true
-			ls.el.Close(lc.gc)
+			if lc.gc.OutboundBuffered() == 0 { // else gnet would drop the rest
+				lc.closing = true
+				ls.el.Close(lc.gc)
+			}
 		case idle > 0 && now.Sub(lc.last) > idle:
 			// No request completed for that long (bytes that make none
 			// do not count), as on the goroutine path.
@@ -1992,6 +1994,16 @@ func (lc *loopClient) closed(err error) {
 	delete(lc.ls.clients, lc)
 	gc := lc.gc
 	unread := lc.buffered()
+	for b := gc.OutboundBuffered(); b > 0; {
+		// What the socket takes now is written before anything the
+		// goroutine path writes.
+		gc.Flush()
+		if a := gc.OutboundBuffered(); a < b {
+			b = a
+		} else {
+			break
+		}
+	}
 	if gc.OutboundBuffered() > 0 {
 		// gnet still holds replies, which it writes after this returns
 		// without waiting for the socket: a goroutine writing after them
@@ -2061,7 +2073,9 @@ func (lc *loopClient) full() bool {
 // back and the rest as they come.
 func (lc *loopClient) abandon() {
 	for _, s := range lc.slots {
-		s.noreply = true
+		if s != nil { // a written() this close runs inside has passed it
+			s.noreply = true
+		}
 	}
 	lc.written()
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/panjf2000/gnet/v2"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/spf13/pflag"
 
@@ -907,5 +909,122 @@ func TestEventLoopHalfCloseNeverScrambles(t *testing.T) {
 			t.Fatalf("reply %d is not the value's: %.60q", i, got[:n])
 		}
 		got = got[n:]
+	}
+}
+
+// stallLoop makes p's event loop (the test proxies have one) sleep for d,
+// and returns once it has begun to.
+func stallLoop(t *testing.T, p *Proxy, d time.Duration) {
+	t.Helper()
+	p.mu.Lock()
+	l := p.loops
+	p.mu.Unlock()
+	l.mu.Lock()
+	loops := maps.Clone(l.loops)
+	l.mu.Unlock()
+	for el := range loops {
+		began := make(chan struct{})
+		el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			close(began)
+			time.Sleep(d)
+			return nil
+		}))
+		<-began
+	}
+}
+
+// TestEventLoopClientResetWhileRepliesAreWritten sends a set with noreply
+// and a version behind it to a server that answers the set only when told:
+// the version's reply waits for it. The loop is stalled while the set's
+// reply and then the client's reset arrive, so that one pass writes the
+// replies owed, and the write of the version fails and closes the client
+// in the middle of that pass. The proxy must go on serving.
+func TestEventLoopClientResetWhileRepliesAreWritten(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	gotSet, release := make(chan struct{}, 1), make(chan struct{})
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer nc.Close()
+				br := bufio.NewReader(nc)
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil {
+						return
+					}
+					switch {
+					case strings.HasPrefix(line, "set "):
+						br.ReadString('\n')
+						gotSet <- struct{}{}
+						<-release
+						io.WriteString(nc, "STORED\r\n")
+					case strings.HasPrefix(line, "version"):
+						io.WriteString(nc, "VERSION 1.6.18\r\n")
+					default:
+						io.WriteString(nc, "ERROR\r\n")
+					}
+				}
+			}()
+		}
+	}()
+	p, addr := startProxy(t, loopConfig(ln.Addr().String()))
+	c := dial(t, addr)
+	if _, err := io.WriteString(c, "set a 0 0 1 noreply\r\nx\r\nversion\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	<-gotSet
+	stallLoop(t, p, 300*time.Millisecond)
+	close(release) // the set's reply reaches the loop's socket first
+	time.Sleep(50 * time.Millisecond)
+	c.(*net.TCPConn).SetLinger(0)
+	c.Close() // then the client's reset
+	time.Sleep(500 * time.Millisecond)
+	if got := newLineClient(t, addr).do("version\r\n"); got != "VERSION mcsidecar-test\r\n" {
+		t.Fatalf("the proxy after: %q", got)
+	}
+}
+
+// TestDrainWaitsForASlowReader pipelines 60 gets of a 64 KiB value over a
+// small receive window, starts a shutdown, and reads a reply every 15 ms:
+// the loop must not close the connection while gnet still holds replies,
+// which gnet would drop.
+func TestDrainWaitsForASlowReader(t *testing.T) {
+	p, addr, _ := serveProxy(t, loopConfig(startMemcached(t)))
+	value := strings.Repeat("v", 64<<10)
+	setter := newLineClient(t, addr)
+	if got := setter.do("set big 0 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\n"); got != "STORED\r\n" {
+		t.Fatalf("set answered %q", got)
+	}
+	setter.c.Close()
+	const gets = 60
+	c := dialSmallWindow(t, addr)
+	c.SetDeadline(time.Now().Add(15 * time.Second))
+	if _, err := io.WriteString(c, strings.Repeat("get big\r\n", gets)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- p.Shutdown(ctx) }()
+	want := "VALUE big 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\nEND\r\n"
+	br := bufio.NewReader(c)
+	for i := range gets {
+		time.Sleep(15 * time.Millisecond)
+		got := make([]byte, len(want))
+		if _, err := io.ReadFull(br, got); err != nil || string(got) != want {
+			t.Fatalf("reply %d of %d: %.60q (%v)", i, gets, got, err)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Errorf("shutdown: %v", err)
 	}
 }
