@@ -54,6 +54,12 @@ import (
 // clients and a shutdown.
 const loopTick = 10 * time.Millisecond
 
+// loopReadBuffer is how much each read of a loop takes at most (gnet's
+// read buffer, one per loop; gnet's default is 64 KiB). A memcached reply
+// to a 100-key get of 3 KiB values is about 300 KiB over four servers:
+// with 256 KiB the loop reads it in 3.5 reads a request instead of 6.4.
+const loopReadBuffer = 256 << 10
+
 // loopMaxSlots is how many replies one client may owe before the loop
 // stops reading its requests until some are written.
 const loopMaxSlots = 256
@@ -396,7 +402,8 @@ func (ls *loopState) putSlot(s *loopSlot) {
 func newEventLoops(p *Proxy) (*eventLoops, error) {
 	l := &eventLoops{p: p, stop: make(chan struct{}), done: make(chan struct{}), loops: make(map[gnet.EventLoop]*loopState)}
 	cli, err := gnet.NewClient(l, gnet.WithMulticore(true), gnet.WithNumEventLoop(p.cfg.EventLoops),
-		gnet.WithTCPNoDelay(gnet.TCPNoDelay), gnet.WithLogger(gnetLog{p.log}), gnet.WithLogLevel(logging.ErrorLevel))
+		gnet.WithTCPNoDelay(gnet.TCPNoDelay), gnet.WithReadBufferCap(loopReadBuffer),
+		gnet.WithLogger(gnetLog{p.log}), gnet.WithLogLevel(logging.ErrorLevel))
 	if err != nil {
 		return nil, err
 	}
