@@ -2011,6 +2011,9 @@ func (lc *loopClient) closed(err error) {
 			break
 		}
 	}
+	if err != nil && !errors.Is(err, io.EOF) {
+		lc.closing = true // a read or write failed: no one is left to answer
+	}
 	if gc.OutboundBuffered() > 0 {
 		// gnet still holds replies, which it writes after this returns
 		// without waiting for the socket: a goroutine writing after them
