@@ -336,3 +336,16 @@ func registry(tb testing.TB, p *Proxy) *prometheus.Registry {
 	}
 	return reg
 }
+
+// setBig stores a value of size bytes under the key "big" through the
+// proxy at addr, and returns memcached's reply to a get of it.
+func setBig(tb testing.TB, addr string, size int) string {
+	tb.Helper()
+	value := strings.Repeat("v", size)
+	c := newLineClient(tb, addr)
+	defer c.c.Close()
+	if got := c.do("set big 0 0 " + strconv.Itoa(size) + "\r\n" + value + "\r\n"); got != "STORED\r\n" {
+		tb.Fatalf("set answered %q", got)
+	}
+	return "VALUE big 0 " + strconv.Itoa(size) + "\r\n" + value + "\r\nEND\r\n"
+}

@@ -525,12 +525,7 @@ func testDeafClient(t *testing.T, config func(...string) Config, size int) {
 	cfg := config(startMemcached(t))
 	cfg.IdleTimeout = 500 * time.Millisecond
 	_, addr := startProxy(t, cfg)
-	value := strings.Repeat("v", size)
-	setter := newLineClient(t, addr)
-	if got := setter.do("set big 0 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\n"); got != "STORED\r\n" {
-		t.Fatalf("set answered %q", got)
-	}
-	setter.c.Close()
+	setBig(t, addr, size)
 	// Each check on a connection of its own, closed before it can idle.
 	stat := func(name string) uint64 {
 		lc := newLineClient(t, addr)
@@ -566,7 +561,7 @@ func testDeafClient(t *testing.T, config func(...string) Config, size int) {
 		err = nil
 	}
 	gets := <-sent
-	if err != nil || n >= int64(gets*len(value)) {
+	if err != nil || n >= int64(gets*size) {
 		t.Errorf("the client read %d bytes (%v), want fewer than all replies and then EOF", n, err)
 	}
 	if got := stat("idle_kicks"); got != 1 {

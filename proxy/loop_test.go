@@ -723,12 +723,7 @@ func testEventLoopZoneWrites(t *testing.T, writes string) {
 // loop.
 func TestEventLoopSlowReaderGetsEveryReply(t *testing.T) {
 	p, addr := startProxy(t, loopConfig(startMemcached(t)))
-	value := strings.Repeat("v", 16<<10)
-	setter := newLineClient(t, addr)
-	if got := setter.do("set big 0 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\n"); got != "STORED\r\n" {
-		t.Fatalf("set answered %q", got)
-	}
-	setter.c.Close()
+	want := []byte(setBig(t, addr, 16<<10))
 
 	const gets = 400
 	c := dial(t, addr)
@@ -738,7 +733,6 @@ func TestEventLoopSlowReaderGetsEveryReply(t *testing.T) {
 		_, err := c.Write([]byte(strings.Repeat("get big\r\n", gets)))
 		wrote <- err
 	}()
-	want := []byte("VALUE big 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\nEND\r\n")
 	got := make([]byte, len(want))
 	for i := range gets {
 		// 16 KiB at a time with a pause: slower than the loop writes.
@@ -768,11 +762,8 @@ func TestEventLoopSlowReaderGetsEveryReply(t *testing.T) {
 // with nothing left waiting for replies no one will write.
 func TestEventLoopHeldClientThatLeavesIsGone(t *testing.T) {
 	_, addr := startProxy(t, loopConfig(startMemcached(t)))
-	value := strings.Repeat("v", 16<<10)
+	want := setBig(t, addr, 16<<10)
 	probe := newLineClient(t, addr)
-	if got := probe.do("set big 0 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\n"); got != "STORED\r\n" {
-		t.Fatalf("set answered %q", got)
-	}
 	baseline := probe.stat("curr_connections")
 
 	deaf := dial(t, addr)
@@ -789,7 +780,7 @@ func TestEventLoopHeldClientThatLeavesIsGone(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	deaf.Close()
 	waitStat(t, probe, "curr_connections", func(v uint64) bool { return v == baseline })
-	if got := probe.do("get big\r\n"); got != "VALUE big 0 "+fmt.Sprint(len(value))+"\r\n"+value+"\r\nEND\r\n" {
+	if got := probe.do("get big\r\n"); got != want {
 		t.Errorf("get after the client left: %.60q", got)
 	}
 }
@@ -825,12 +816,7 @@ func TestEventLoopLongRepliesInOrder(t *testing.T) {
 	cfg := loopConfig(startMemcached(t))
 	cfg.Timeout = 10 * time.Second // 54 MB of replies, under the race detector too
 	_, addr := startProxy(t, cfg)
-	value := strings.Repeat("v", 900<<10)
-	setter := newLineClient(t, addr)
-	if got := setter.do("set big 0 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\n"); got != "STORED\r\n" {
-		t.Fatalf("set answered %q", got)
-	}
-	want := "VALUE big 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\nEND\r\n"
+	want := setBig(t, addr, 900<<10)
 	check := func(t *testing.T, c net.Conn, gets int, pause func(i int)) {
 		for i := 0; i <= gets; i++ {
 			w := want
@@ -872,7 +858,7 @@ func TestEventLoopLongRepliesInOrder(t *testing.T) {
 			}
 		})
 	})
-	if got := setter.do("version\r\n"); got != "VERSION mcsidecar-test\r\n" {
+	if got := newLineClient(t, addr).do("version\r\n"); got != "VERSION mcsidecar-test\r\n" {
 		t.Fatalf("the proxy after: %q", got)
 	}
 }
@@ -884,11 +870,7 @@ func TestEventLoopLongRepliesInOrder(t *testing.T) {
 // replies in order, never bytes of one inside another.
 func TestEventLoopHalfCloseNeverScrambles(t *testing.T) {
 	_, addr := startProxy(t, loopConfig(startMemcached(t)))
-	value := strings.Repeat("v", 16<<10)
-	setter := newLineClient(t, addr)
-	if got := setter.do("set big 0 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\n"); got != "STORED\r\n" {
-		t.Fatalf("set answered %q", got)
-	}
+	want := setBig(t, addr, 16<<10)
 	const gets = 2000
 	c := dialSmallWindow(t, addr)
 	c.SetDeadline(time.Now().Add(20 * time.Second))
@@ -898,7 +880,6 @@ func TestEventLoopHalfCloseNeverScrambles(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	c.(*net.TCPConn).CloseWrite()
 	time.Sleep(100 * time.Millisecond)
-	want := "VALUE big 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\nEND\r\n"
 	got, err := io.ReadAll(c)
 	if err != nil && !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatal(err)
@@ -912,17 +893,21 @@ func TestEventLoopHalfCloseNeverScrambles(t *testing.T) {
 	}
 }
 
-// stallLoop makes p's event loop (the test proxies have one) sleep for d,
-// and returns once it has begun to.
-func stallLoop(t *testing.T, p *Proxy, d time.Duration) {
-	t.Helper()
+// eventLoopsOf returns p's event loops with their states.
+func eventLoopsOf(p *Proxy) map[gnet.EventLoop]*loopState {
 	p.mu.Lock()
 	l := p.loops
 	p.mu.Unlock()
 	l.mu.Lock()
-	loops := maps.Clone(l.loops)
-	l.mu.Unlock()
-	for el := range loops {
+	defer l.mu.Unlock()
+	return maps.Clone(l.loops)
+}
+
+// stallLoop makes p's event loop (the test proxies have one) sleep for d,
+// and returns once it has begun to.
+func stallLoop(t *testing.T, p *Proxy, d time.Duration) {
+	t.Helper()
+	for el := range eventLoopsOf(p) {
 		began := make(chan struct{})
 		el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
 			close(began)
@@ -989,42 +974,5 @@ func TestEventLoopClientResetWhileRepliesAreWritten(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	if got := newLineClient(t, addr).do("version\r\n"); got != "VERSION mcsidecar-test\r\n" {
 		t.Fatalf("the proxy after: %q", got)
-	}
-}
-
-// TestDrainWaitsForASlowReader pipelines 60 gets of a 64 KiB value over a
-// small receive window, starts a shutdown, and reads a reply every 15 ms:
-// the loop must not close the connection while gnet still holds replies,
-// which gnet would drop.
-func TestDrainWaitsForASlowReader(t *testing.T) {
-	p, addr, _ := serveProxy(t, loopConfig(startMemcached(t)))
-	value := strings.Repeat("v", 64<<10)
-	setter := newLineClient(t, addr)
-	if got := setter.do("set big 0 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\n"); got != "STORED\r\n" {
-		t.Fatalf("set answered %q", got)
-	}
-	setter.c.Close()
-	const gets = 60
-	c := dialSmallWindow(t, addr)
-	c.SetDeadline(time.Now().Add(15 * time.Second))
-	if _, err := io.WriteString(c, strings.Repeat("get big\r\n", gets)); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(100 * time.Millisecond)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- p.Shutdown(ctx) }()
-	want := "VALUE big 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\nEND\r\n"
-	br := bufio.NewReader(c)
-	for i := range gets {
-		time.Sleep(15 * time.Millisecond)
-		got := make([]byte, len(want))
-		if _, err := io.ReadFull(br, got); err != nil || string(got) != want {
-			t.Fatalf("reply %d of %d: %.60q (%v)", i, gets, got, err)
-		}
-	}
-	if err := <-done; err != nil {
-		t.Errorf("shutdown: %v", err)
 	}
 }

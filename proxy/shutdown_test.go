@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"os"
@@ -279,45 +278,46 @@ func waitServed(t *testing.T, served <-chan error) {
 	}
 }
 
-// TestDrainAnswersRequestsAlreadyRead pipelines 1,000 gets of a 16 KiB
-// value over a small receive window and starts a shutdown while most
-// replies are still owed: the proxy reads the requests early (on the
-// event loop while it holds replies back), and must answer every one
-// before it closes the connection, on both paths.
+// TestDrainAnswersRequestsAlreadyRead pipelines gets of a large value
+// over a small receive window and starts a shutdown while most replies are
+// still owed. The proxy reads the requests early (on the event loop while
+// it holds replies back), and must answer every one before it closes the
+// connection: on both paths, to a client that reads at once, and on the
+// loop to one that reads a reply every 15 ms, whose replies gnet holds
+// when it has none left to make.
 func TestDrainAnswersRequestsAlreadyRead(t *testing.T) {
-	for _, loops := range []int{0, 1} {
-		t.Run(fmt.Sprint("event-loops=", loops), func(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		loops, size int
+		gets        int
+		pause       time.Duration
+	}{
+		{"goroutines", 0, 16 << 10, 1000, 0},
+		{"loop", 1, 16 << 10, 1000, 0},
+		{"loop, slow reader", 1, 64 << 10, 60, 15 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig(startMemcached(t))
-			cfg.EventLoops = loops
+			cfg.EventLoops = tc.loops
 			p, addr, _ := serveProxy(t, cfg)
-			value := strings.Repeat("v", 16<<10)
-			setter := newLineClient(t, addr)
-			if got := setter.do("set big 0 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\n"); got != "STORED\r\n" {
-				t.Fatalf("set answered %q", got)
-			}
-			setter.c.Close()
-			const gets = 1000
+			want := setBig(t, addr, tc.size)
 			c := dialSmallWindow(t, addr)
 			c.SetDeadline(time.Now().Add(15 * time.Second))
-			if _, err := io.WriteString(c, strings.Repeat("get big\r\n", gets)); err != nil {
+			if _, err := io.WriteString(c, strings.Repeat("get big\r\n", tc.gets)); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			done := make(chan error, 1)
 			go func() { done <- p.Shutdown(ctx) }()
-			want := "VALUE big 0 " + fmt.Sprint(len(value)) + "\r\n" + value + "\r\nEND\r\n"
 			br := bufio.NewReader(c)
-			n := 0
-			for ; n < gets; n++ {
+			for i := range tc.gets {
+				time.Sleep(tc.pause)
 				got := make([]byte, len(want))
 				if _, err := io.ReadFull(br, got); err != nil || string(got) != want {
-					break
+					t.Fatalf("reply %d of %d: %.60q (%v)", i, tc.gets, got, err)
 				}
-			}
-			if n != gets {
-				t.Errorf("%d of %d replies before the drain closed the connection", n, gets)
 			}
 			if err := <-done; err != nil {
 				t.Errorf("shutdown: %v", err)

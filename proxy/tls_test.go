@@ -12,7 +12,6 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
-	"maps"
 	"math/big"
 	"net"
 	"os"
@@ -526,14 +525,8 @@ func keyedValue(key string, size int) string {
 // loopTLSUpstreams counts the TLS connections p's event loops hold to
 // memcached, asked on each loop.
 func loopTLSUpstreams(p *Proxy) int {
-	p.mu.Lock()
-	l := p.loops
-	p.mu.Unlock()
-	l.mu.Lock()
-	loops := maps.Clone(l.loops)
-	l.mu.Unlock()
 	n := 0
-	for el, ls := range loops {
+	for el, ls := range eventLoopsOf(p) {
 		done := make(chan int)
 		el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
 			k := 0
