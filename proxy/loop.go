@@ -826,11 +826,13 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 			// again, so that the tier counts every naming, as memcached's
 			// get_hits do.
 			e, gen := p.fromTier(k, string(rk.up), id == cmdGet, s.began.UnixNano())
-			if first < 0 && e != nil {
-				o.inTier = true
-				s.inArena(&o, k, e.Flags, e.Value, 0, false)
+			if first < 0 {
+				o.gen = gen
+				if e != nil {
+					o.inTier = true
+					s.inArena(&o, k, e.Flags, e.Value, 0, false)
+				}
 			}
-			o.gen = gen
 		}
 		s.owners = append(s.owners, o)
 		if first >= 0 || o.inTier {
@@ -1904,7 +1906,7 @@ func (lc *loopClient) written() {
 	if lc.gc == nil {
 		return
 	}
-	if lc.handoff || lc.c.p.draining() && lc.buffered() == 0 {
+	if lc.handoff || (lc.c.p.draining() && lc.buffered() == 0) {
 		// gnet must not close a connection inside its own OnTraffic:
 		// traffic closes it by its return. A draining proxy answers the
 		// requests it has read first.
@@ -2001,25 +2003,24 @@ func (lc *loopClient) closed(err error) {
 	delete(lc.ls.clients, lc)
 	gc := lc.gc
 	unread := lc.buffered()
-	for b := gc.OutboundBuffered(); b > 0; {
-		// What the socket takes now is written before anything the
-		// goroutine path writes.
-		gc.Flush()
-		if a := gc.OutboundBuffered(); a < b {
-			b = a
-		} else {
-			break
-		}
-	}
 	if err != nil && !errors.Is(err, io.EOF) {
 		lc.closing = true // a read or write failed: no one is left to answer
 	}
-	if gc.OutboundBuffered() > 0 {
-		// gnet still holds replies, which it writes after this returns
-		// without waiting for the socket: a goroutine writing after them
-		// could put its bytes before theirs, and a TLS session cannot go
-		// on from part of a record. The replies end here.
-		lc.closing = true
+	if !lc.closing && gc.OutboundBuffered() > 0 {
+		// gnet writes what it holds after this returns, without waiting
+		// for the socket: a goroutine writing after it could put its
+		// bytes before gnet's, and a TLS session cannot go on from part
+		// of a record. What the socket takes now is written first; if
+		// gnet still holds replies after that, they end here.
+		for b := gc.OutboundBuffered(); b > 0; {
+			gc.Flush()
+			if a := gc.OutboundBuffered(); a < b {
+				b = a
+			} else {
+				break
+			}
+		}
+		lc.closing = gc.OutboundBuffered() > 0
 	}
 	if lc.closing || !lc.handoff && (err == nil || len(lc.slots) == 0 && unread == 0) {
 		lc.gc = nil
