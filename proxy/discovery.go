@@ -167,10 +167,12 @@ func (p *Proxy) retire(servers []*upstream.Server) {
 	}
 	current := p.allServers()
 	for _, s := range servers {
-		s.Close()
+		// No request uses s any more: its series goes first, so that a
+		// closed server has none.
 		if !slices.ContainsFunc(current, func(c *upstream.Server) bool { return c.Name() == s.Name() }) {
 			p.stats.upstreamLatency.DeleteLabelValues(s.Name())
 		}
+		s.Close()
 	}
 }
 
