@@ -64,12 +64,25 @@ const loopReadBuffer = 256 << 10
 // stops reading its requests until some are written.
 const loopMaxSlots = 256
 
+// loopUnreadMax is the most bytes of requests a client may have sent that
+// the loop is not answering yet because the client reads its replies too
+// slowly or is to be handed over, and loopPipelinedMax the most while it
+// owes loopMaxSlots replies and reads them. Past them, the connection
+// moves to the goroutine path, which reads no more requests than it
+// answers: gnet has no way to stop reading a socket. A client that
+// pipelines a bulk load and reads every reply stays on the loop up to the
+// second.
+const (
+	loopUnreadMax    = 16 * loopReadBuffer
+	loopPipelinedMax = 256 * loopReadBuffer
+)
+
 // loopOutMax is the most bytes of a client's replies gnet holds, written
 // once the socket has room. A client that reads its replies slower than
 // that makes the loop hold its next replies where they are and answer no
 // more of its requests, until gnet holds less again (checked every
 // loopTick); so a client that sends gets and reads no replies costs the
-// proxy what it sent, not the replies.
+// proxy what it sent, up to loopUnreadMax, not the replies.
 const loopOutMax = loopCopyMax
 
 // eventLoops runs the gnet loops of a proxy.
@@ -124,6 +137,7 @@ type loopClient struct {
 	hand             *handover // replies owed to a connection handed over
 	iov              []syscall.Iovec
 	tls              *loopTLS // the connection's TLS server, with --tls-cert-path
+	kept             []byte   // a copy of at least the bytes gnet holds to write (see keep)
 }
 
 // loopSlot is one reply owed to a client: ready when no request of it is
@@ -580,7 +594,12 @@ func (ls *loopState) check() {
 	}
 	idle := p.cfg.IdleTimeout
 	for lc := range ls.clients {
+		if lc.kept != nil && lc.gc.OutboundBuffered() == 0 {
+			lc.kept = nil // an idle connection keeps no buffer
+		}
 		switch {
+		case lc.handoff && len(lc.slots) == 0:
+			ls.el.Close(lc.gc)
 		case lc.full():
 			// Its replies wait for it to read those gnet holds.
 			if idle > 0 && now.Sub(lc.last) > idle {
@@ -596,10 +615,6 @@ func (ls *loopState) check() {
 				lc.process()
 			}
 		case len(lc.slots) > 0:
-		case lc.handoff:
-			if lc.gc.OutboundBuffered() == 0 {
-				ls.el.Close(lc.gc)
-			}
 		case p.draining():
 			if lc.gc.OutboundBuffered() == 0 { // else gnet would drop the rest
 				lc.closing = true
@@ -619,7 +634,8 @@ func (ls *loopState) check() {
 func (lc *loopClient) traffic() gnet.Action {
 	var readErr error
 	if lc.tls != nil {
-		if readErr = lc.tls.read(lc.gc); lc.gc == nil {
+		readErr = lc.tls.read(lc.gc)
+		if lc.putSealed(); lc.gc == nil {
 			return gnet.None // the write of TLS's own answer failed
 		}
 	}
@@ -636,7 +652,7 @@ func (lc *loopClient) traffic() gnet.Action {
 	lc.unread = lc.buffered()
 	switch {
 	case readErr == nil:
-	case readErr == io.EOF && (len(lc.slots) > 0 || lc.unread > 0):
+	case readErr == io.EOF && (len(lc.slots) > 0 || lc.unread > 0 || lc.gc.OutboundBuffered() > 0):
 		// The client ended its TLS session after requests not all
 		// answered: as a plain client that half-closes, the connection
 		// moves to the goroutine path once the loop's replies are
@@ -647,10 +663,28 @@ func (lc *loopClient) traffic() gnet.Action {
 		lc.closing = true
 		return gnet.Close
 	}
-	if (lc.handoff || lc.c.p.draining()) && len(lc.slots) == 0 && lc.gc.OutboundBuffered() == 0 {
+	if lc.piledUp() {
+		// gnet cannot stop reading a socket; the goroutine path reads no
+		// more than it answers, as memcached does: the client waits there.
+		lc.handoff = true
+		return gnet.Close
+	}
+	if len(lc.slots) == 0 && (lc.handoff || lc.c.p.draining() && lc.gc.OutboundBuffered() == 0) {
 		return gnet.Close // what written leaves to this callback's return
 	}
 	return gnet.None
+}
+
+// piledUp reports whether the client sent more requests than the loop
+// lets wait (see loopUnreadMax).
+func (lc *loopClient) piledUp() bool {
+	switch {
+	case lc.unread > loopPipelinedMax:
+		return true
+	case lc.unread > loopUnreadMax:
+		return lc.held || lc.handoff
+	}
+	return false
 }
 
 // unhandled returns the bytes gc brought that are not handled yet: gnet's,
@@ -1401,7 +1435,8 @@ func (u *loopUpstream) replies() {
 	gc, t := u.gc, u.tls
 	var readErr error // the end of a TLS session, after the replies in it
 	if t != nil {
-		if readErr = t.read(gc); u.gc != gc {
+		readErr = t.read(gc)
+		if t.send(gc); u.gc != gc {
 			return // the write of TLS's own answer failed
 		}
 	}
@@ -1910,7 +1945,7 @@ func (lc *loopClient) written() {
 		// gnet must not close a connection inside its own OnTraffic:
 		// traffic closes it by its return. A draining proxy answers the
 		// requests it has read first.
-		if !lc.inTraffic && lc.gc.OutboundBuffered() == 0 {
+		if !lc.inTraffic && (lc.handoff || lc.gc.OutboundBuffered() == 0) {
 			lc.ls.el.Close(lc.gc)
 		}
 		return
@@ -1997,7 +2032,8 @@ func (r *replyScan) feed(data []byte, req *loopReq) (took int, whole, bad bool) 
 // closed ends a client on its loop. A connection that asked for a command
 // the loop does not answer, or that closed its side with requests still
 // buffered or replies owed, goes on in the goroutine path: gnet closes its
-// descriptor after this returns, so it continues on a duplicate.
+// descriptor after this returns, so it continues on a duplicate, and
+// writes first what gnet held and dropped (see unwritten).
 func (lc *loopClient) closed(err error) {
 	c := lc.c
 	delete(lc.ls.clients, lc)
@@ -2006,27 +2042,24 @@ func (lc *loopClient) closed(err error) {
 	if err != nil && !errors.Is(err, io.EOF) {
 		lc.closing = true // a read or write failed: no one is left to answer
 	}
-	if !lc.closing && gc.OutboundBuffered() > 0 {
-		// gnet writes what it holds after this returns, without waiting
-		// for the socket: a goroutine writing after it could put its
-		// bytes before gnet's, and a TLS session cannot go on from part
-		// of a record. What the socket takes now is written first; if
-		// gnet still holds replies after that, they end here.
-		for b := gc.OutboundBuffered(); b > 0; {
-			gc.Flush()
-			if a := gc.OutboundBuffered(); a < b {
-				b = a
-			} else {
-				break
-			}
-		}
-		lc.closing = gc.OutboundBuffered() > 0
+	if lc.ls.l.abandon.Load() {
+		lc.closing = true // the loops are stopping: an Execute may never run
 	}
-	if lc.closing || !lc.handoff && (err == nil || len(lc.slots) == 0 && unread == 0) {
+	if lc.closing || !lc.handoff && (err == nil || len(lc.slots) == 0 && unread == 0 && gc.OutboundBuffered() == 0) {
 		lc.gc = nil
 		lc.abandon()
 		c.p.untrack(c)
 		return
+	}
+	h := &handover{replies: make(chan [][]byte, len(lc.slots))}
+	if gc.OutboundBuffered() > 0 {
+		if err := lc.unwritten(gc, h); err != nil {
+			c.p.log.Warn("client connection closed: replies gnet holds cannot be handed over", "remote", remoteOf(c.nc), "err", err)
+			lc.gc = nil
+			lc.abandon()
+			c.p.untrack(c)
+			return
+		}
 	}
 	prefix := append([]byte(nil), unhandled(gc, lc.tls)...)
 	lc.gc = nil
@@ -2037,7 +2070,6 @@ func (lc *loopClient) closed(err error) {
 		return
 	}
 	c.p.stats.connsHandedOver.Add(1)
-	h := &handover{replies: make(chan [][]byte, len(lc.slots))}
 	if len(lc.slots) > 0 {
 		lc.hand = h
 		lc.written() // the replies held back go first
@@ -2049,7 +2081,18 @@ func (lc *loopClient) closed(err error) {
 		f := os.NewFile(uintptr(fd), "client")
 		nc, err := net.FileConn(f)
 		f.Close()
+		if err == nil && h.tail != nil {
+			c.wakeMu.Lock()
+			c.nc = nc // a shutdown reaches the socket under wakeMu
+			c.wakeMu.Unlock()
+			if err = h.writeTail(nc, c.p.cfg.IdleTimeout); errors.Is(err, os.ErrDeadlineExceeded) {
+				c.p.stats.connsIdleClosed.Add(1)
+			}
+		}
 		if err != nil {
+			if nc != nil {
+				nc.Close()
+			}
 			for range h.replies {
 			}
 			return
@@ -2074,6 +2117,45 @@ func (lc *loopClient) closed(err error) {
 	}()
 }
 
+// unwritten puts in h the bytes of replies gnet holds for gc, which it
+// drops when it closes its descriptor after one more write, with how many
+// bytes the socket had been given then. What the socket takes while it is
+// at hand is written first.
+func (lc *loopClient) unwritten(gc gnet.Conn, h *handover) error {
+	for b := gc.OutboundBuffered(); b > 0; {
+		gc.Flush()
+		if a := gc.OutboundBuffered(); a < b {
+			b = a
+		} else {
+			break
+		}
+	}
+	held := gc.OutboundBuffered()
+	if held == 0 {
+		return nil
+	}
+	if held > len(lc.kept) {
+		return errors.New("gnet holds bytes not kept")
+	}
+	wrote, err := sockio.Written(gc.Fd())
+	if err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	// gnet's last write and close happen before the loop runs this.
+	err = lc.ls.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		close(done)
+		return nil
+	}))
+	if err != nil {
+		return err
+	}
+	h.tail = append([]byte(nil), lc.kept[len(lc.kept)-held:]...)
+	h.wrote, h.gnetDone = wrote, done
+	lc.kept = nil
+	return nil
+}
+
 // full reports whether gnet holds so much of the client's replies that
 // the next must wait.
 func (lc *loopClient) full() bool {
@@ -2092,9 +2174,45 @@ func (lc *loopClient) abandon() {
 }
 
 // handover carries the replies a client is owed to the goroutine that
-// goes on with it, in order; it is closed after the last.
+// goes on with it, in order; it is closed after the last. Bytes of replies
+// gnet held when it closed its descriptor go before them: tail, of which
+// gnet's last write may have taken some after the socket had been given
+// wrote bytes in all; gnetDone is closed once that write is over.
 type handover struct {
-	replies chan [][]byte
+	replies  chan [][]byte
+	tail     []byte
+	wrote    uint64
+	gnetDone chan struct{}
+}
+
+// writeTail writes the bytes of tail that gnet's last write did not take,
+// straight to the socket (over TLS they are records already), within
+// timeout if there is one. They were counted when gnet took them.
+func (h *handover) writeTail(nc net.Conn, timeout time.Duration) error {
+	<-h.gnetDone
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return errors.New("handover: not a socket")
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var now uint64
+	cerr := rc.Control(func(fd uintptr) { now, err = sockio.Written(int(fd)) })
+	if err = errors.Join(cerr, err); err != nil {
+		return err
+	}
+	took := now - h.wrote
+	if now < h.wrote || took > uint64(len(h.tail)) {
+		return fmt.Errorf("handover: the socket took %d bytes after gnet held %d", int64(took), len(h.tail))
+	}
+	if timeout > 0 {
+		nc.SetWriteDeadline(time.Now().Add(timeout))
+	}
+	_, err = nc.Write(h.tail[took:])
+	h.tail = nil
+	return err
 }
 
 // loopCopyMax is the most bytes of a reply the loop copies into gnet's
@@ -2142,7 +2260,17 @@ func (lc *loopClient) sendTLS(out [][]byte) {
 		return
 	}
 	lc.c.p.stats.bytesWritten.Add(uint64(len(plain)))
+	lc.putSealed()
+}
+
+// putSealed writes the records TLS wrote to the bridge, as put writes a
+// reply, except that gnet takes whatever the socket does not.
+func (lc *loopClient) putSealed() {
+	t := lc.tls
 	sealed := t.b.out
+	if len(sealed) == 0 {
+		return
+	}
 	t.b.out = sealed[:0]
 	if cap(sealed) > tlsKeepMax {
 		t.b.out = nil
@@ -2158,7 +2286,11 @@ func (lc *loopClient) sendTLS(out [][]byte) {
 func (lc *loopClient) put(bufs [][]byte, copyMax int) (n int, rest [][]byte, ok bool) {
 	gc := lc.gc
 	if gc.OutboundBuffered() > 0 {
+		if copyMax < math.MaxInt && bufsLen(bufs) > copyMax {
+			return 0, bufs, true
+		}
 		n, _ = gc.Writev(bufs)
+		lc.keep(bufs)
 		return n, nil, true
 	}
 	rest, n, iov, err := sockio.WriteSome(gc.Fd(), bufs, lc.iov)
@@ -2168,15 +2300,49 @@ func (lc *loopClient) put(bufs [][]byte, copyMax int) (n int, rest [][]byte, ok 
 		lc.ls.el.Close(gc)
 		return n, nil, false
 	}
-	size := 0
-	for _, b := range rest {
-		size += len(b)
-	}
-	if size > copyMax {
+	left := bufsLen(rest)
+	if left > copyMax {
 		return n, rest, true
 	}
-	if size > 0 {
+	if left > 0 {
 		gc.Writev(rest)
+		lc.keep(rest)
 	}
-	return n + size, nil, true
+	return n + left, nil, true
+}
+
+// bufsLen is how many bytes bufs holds.
+func bufsLen(bufs [][]byte) int {
+	n := 0
+	for _, b := range bufs {
+		n += len(b)
+	}
+	return n
+}
+
+// keep copies bufs, just given to gnet, after the bytes kept before, and
+// keeps only as many as gnet holds: it writes in order, so what it holds
+// is the end of what it was given. The copy is what a handover writes of
+// the replies gnet drops when it closes its descriptor (see closed).
+func (lc *loopClient) keep(bufs [][]byte) {
+	if lc.gc == nil {
+		return // the write failed and closed the connection
+	}
+	for _, b := range bufs {
+		lc.kept = append(lc.kept, b...)
+	}
+	lc.trimKept()
+}
+
+// trimKept drops the kept bytes gnet has written, and the buffer once it
+// holds none.
+func (lc *loopClient) trimKept() {
+	switch held := lc.gc.OutboundBuffered(); {
+	case held == 0 && cap(lc.kept) > tlsKeepMax:
+		lc.kept = nil
+	case held == 0:
+		lc.kept = lc.kept[:0]
+	case held < len(lc.kept):
+		lc.kept = lc.kept[len(lc.kept)-held:]
+	}
 }

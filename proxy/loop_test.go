@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -152,7 +153,7 @@ func TestEventLoopKeepsGetsAndSets(t *testing.T) {
 	if n := loopHandovers(p); n != 1 {
 		t.Errorf("%d handovers, want 1", n)
 	}
-	const exported = `# HELP mcsidecar_client_connections_handed_over_total Client connections moved from an event loop to the goroutine path, at the first command the loop does not answer.
+	const exported = `# HELP mcsidecar_client_connections_handed_over_total Client connections moved from an event loop to the goroutine path: at the first command the loop does not answer, at a half-close with replies owed, or with too many requests it cannot answer yet.
 # TYPE mcsidecar_client_connections_handed_over_total counter
 mcsidecar_client_connections_handed_over_total 1
 `
@@ -863,13 +864,14 @@ func TestEventLoopLongRepliesInOrder(t *testing.T) {
 	}
 }
 
-// TestEventLoopHalfCloseNeverScrambles pipelines 2,000 gets of a 16 KiB
-// value, ends its side of the connection while most replies are still to
-// come, and reads slowly. The loop may cut the replies short (gnet cannot
-// hand over what it still holds), but what the client reads must be the
-// replies in order, never bytes of one inside another.
-func TestEventLoopHalfCloseNeverScrambles(t *testing.T) {
-	_, addr := startProxy(t, loopConfig(startMemcached(t)))
+// TestEventLoopHalfCloseGetsEveryReply pipelines 2,000 gets of a 16 KiB
+// value and does not read until gnet holds replies the socket did not
+// take, then ends its side of the connection and reads everything. gnet
+// drops what it holds when it closes its descriptor: the goroutine that
+// goes on with the connection must write those bytes first, except what
+// gnet's last write took, and then every other reply, in order and whole.
+func TestEventLoopHalfCloseGetsEveryReply(t *testing.T) {
+	p, addr := startProxy(t, loopConfig(startMemcached(t)))
 	want := setBig(t, addr, 16<<10)
 	const gets = 2000
 	c := dialSmallWindow(t, addr)
@@ -881,8 +883,11 @@ func TestEventLoopHalfCloseNeverScrambles(t *testing.T) {
 	c.(*net.TCPConn).CloseWrite()
 	time.Sleep(100 * time.Millisecond)
 	got, err := io.ReadAll(c)
-	if err != nil && !errors.Is(err, syscall.ECONNRESET) {
+	if err != nil {
 		t.Fatal(err)
+	}
+	if len(got) != gets*len(want) {
+		t.Errorf("read %d bytes, want %d replies of %d", len(got), gets, len(want))
 	}
 	for i := 0; len(got) > 0; i++ {
 		n := min(len(got), len(want))
@@ -890,6 +895,200 @@ func TestEventLoopHalfCloseNeverScrambles(t *testing.T) {
 			t.Fatalf("reply %d is not the value's: %.60q", i, got[:n])
 		}
 		got = got[n:]
+	}
+	if n := loopHandovers(p); n != 1 {
+		t.Errorf("%d connections handed over, want the half-closed one", n)
+	}
+}
+
+// TestEventLoopStopsTakingRequestsOfAClientThatReadsNone sends gets of a
+// 16 KiB value for 3 s as fast as the proxy takes them, without reading,
+// and without --idle-timeout: the requests the loop cannot answer yet must
+// not pile up without end (gnet cannot stop reading a socket, the
+// goroutine path can), and the client must then get its replies, whole
+// and in order.
+func TestEventLoopStopsTakingRequestsOfAClientThatReadsNone(t *testing.T) {
+	p, addr := startProxy(t, loopConfig(startMemcached(t)))
+	want := setBig(t, addr, 16<<10)
+	c := dialSmallWindow(t, addr)
+	chunk := []byte(strings.Repeat("get big\r\n", 7000)) // 63 KiB
+	sent := 0
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
+		c.SetWriteDeadline(end)
+		n, err := c.Write(chunk)
+		sent += n
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("the client sent %d MiB of gets", sent>>20)
+	// The loop's limit and a read, and what the sockets' buffers hold.
+	if limit := 16 << 20; sent > limit {
+		t.Errorf("the proxy took %d MiB of requests from a client that reads no replies, want at most %d", sent>>20, limit>>20)
+	}
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	got := make([]byte, len(want))
+	for i := range 200 {
+		if _, err := io.ReadFull(c, got); err != nil || string(got) != want {
+			t.Fatalf("reply %d: %.60q (%v)", i, got, err)
+		}
+	}
+	if n := loopHandovers(p); n != 1 {
+		t.Errorf("%d connections handed over, want the client's", n)
+	}
+}
+
+// TestEventLoopHalfCloseAfterEveryReplyMade sends gets one at a time,
+// reading nothing, until the loop owes no reply and gnet holds more than
+// 32 KiB of them, then ends its side: with nothing owed and nothing
+// unread, the connection still moves, for the bytes gnet holds.
+func TestEventLoopHalfCloseAfterEveryReplyMade(t *testing.T) {
+	p, addr := startProxy(t, loopConfig(startMemcached(t)))
+	want := setBig(t, addr, 16<<10)
+	c := dialSmallWindow(t, addr)
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	gets := 0
+	for {
+		if gets == 1000 {
+			t.Fatal("gnet never held 32 KiB with no reply owed")
+		}
+		if _, err := io.WriteString(c, "get big\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		gets++
+		time.Sleep(2 * time.Millisecond)
+		if onLoop(t, p, func(lc *loopClient) bool { return len(lc.slots) == 0 && lc.gc.OutboundBuffered() > 32<<10 }) {
+			break
+		}
+	}
+	c.(*net.TCPConn).CloseWrite()
+	time.Sleep(100 * time.Millisecond)
+	got, err := io.ReadAll(c)
+	if err != nil || len(got) != gets*len(want) || string(got) != strings.Repeat(want, gets) {
+		t.Errorf("read %d bytes (%v), want %d replies of %d", len(got), err, gets, len(want))
+	}
+}
+
+// TestEventLoopBulkPipelinerStaysOnTheLoop writes 20,000 sets of 1,000
+// bytes (20 MB) at once and reads every reply as it comes: more than
+// loopUnreadMax waits while the loop owes 256 replies, but the client
+// reads them, so it stays on the loop.
+func TestEventLoopBulkPipelinerStaysOnTheLoop(t *testing.T) {
+	p, addr := startProxy(t, loopConfig(startMemcached(t)))
+	c := dial(t, addr)
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	const n = 20000
+	value := strings.Repeat("v", 1000)
+	var b strings.Builder
+	for i := range n {
+		b.WriteString("set k" + itoa(i) + " 0 0 1000\r\n" + value + "\r\n")
+	}
+	read := make(chan error, 1)
+	go func() {
+		want := strings.Repeat("STORED\r\n", n)
+		got := make([]byte, len(want))
+		_, err := io.ReadFull(c, got)
+		if err == nil && string(got) != want {
+			err = errors.New("not every reply is STORED")
+		}
+		read <- err
+	}()
+	if _, err := io.WriteString(c, b.String()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-read; err != nil {
+		t.Fatal(err)
+	}
+	if h := loopHandovers(p); h != 0 {
+		t.Errorf("%d handovers of a client that reads every reply", h)
+	}
+}
+
+// TestShutdownEndsHandoversOfClientsThatReadNothing lets Shutdown's grace
+// run out on clients that read nothing, each moved from the loop while
+// gnet held replies: at a command the loop does not answer, with replies
+// still owed; after sending more than the loop lets wait; at a
+// half-close. Every connection must be gone soon after, none left waiting
+// in a handover for a loop that stopped or for a client that does not
+// read.
+func TestShutdownEndsHandoversOfClientsThatReadNothing(t *testing.T) {
+	cases := map[string]func(t *testing.T, p *Proxy, c net.Conn){
+		"meta command": func(t *testing.T, p *Proxy, c net.Conn) {
+			io.WriteString(c, strings.Repeat("get big\r\n", 250)+"mn\r\n")
+			waitOnLoop(t, p, func(lc *loopClient) bool {
+				return lc.handoff && len(lc.slots) > 0 && lc.gc.OutboundBuffered() > 0
+			})
+		},
+		"requests piled up": func(t *testing.T, p *Proxy, c net.Conn) {
+			chunk := []byte(strings.Repeat("get big\r\n", 7000))
+			for end := time.Now().Add(3 * time.Second); time.Now().Before(end) && loopHandovers(p) == 0; {
+				c.SetWriteDeadline(end)
+				if _, err := c.Write(chunk); err != nil {
+					break
+				}
+			}
+			if n := loopHandovers(p); n != 1 {
+				t.Fatalf("%d handovers", n)
+			}
+		},
+		"half-close": func(t *testing.T, p *Proxy, c net.Conn) {
+			io.WriteString(c, strings.Repeat("get big\r\n", 2000))
+			time.Sleep(200 * time.Millisecond)
+			c.(*net.TCPConn).CloseWrite()
+			time.Sleep(200 * time.Millisecond)
+		},
+	}
+	for name, handOver := range cases {
+		t.Run(name, func(t *testing.T) {
+			p, addr, _ := serveProxy(t, loopConfig(startMemcached(t)))
+			setBig(t, addr, 16<<10)
+			c := dialSmallWindow(t, addr)
+			handOver(t, p, c)
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			p.Shutdown(ctx)
+			if !waitFor(3*time.Second, func() bool { return p.stats.currConns.Load() == 0 }) {
+				t.Errorf("%d connections left 3 s after the grace", p.stats.currConns.Load())
+			}
+		})
+	}
+}
+
+// onLoop reports whether f holds for a client of p's loop (the test
+// proxies have one), asked on the loop.
+func onLoop(t *testing.T, p *Proxy, f func(lc *loopClient) bool) bool {
+	t.Helper()
+	res := make(chan bool, 1)
+	for el, ls := range eventLoopsOf(p) {
+		err := el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			ok := false
+			for lc := range ls.clients {
+				ok = ok || f(lc)
+			}
+			res <- ok
+			return nil
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case ok := <-res:
+		return ok
+	case <-time.After(5 * time.Second):
+		t.Fatal("the loop did not answer")
+		return false
+	}
+}
+
+// waitOnLoop waits up to 5 s for f to hold for a client of p's loop.
+func waitOnLoop(t *testing.T, p *Proxy, f func(lc *loopClient) bool) {
+	t.Helper()
+	if !waitFor(5*time.Second, func() bool { return onLoop(t, p, f) }) {
+		t.Fatal("no client of the loop came to the state the test waits for")
 	}
 }
 

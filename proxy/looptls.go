@@ -102,7 +102,8 @@ func (b *tlsBridge) SetWriteDeadline(t time.Time) error {
 
 // read decrypts what gnet holds of gc onto t.plain. It returns io.EOF
 // once the peer ended the session (the bytes before it are good) or the
-// error that broke it. Bytes TLS itself must answer with are written.
+// error that broke it. Bytes TLS itself must answer with wait in t.b.out
+// for the caller to write.
 func (t *loopTLS) read(gc gnet.Conn) error {
 	b := t.b
 	raw, _ := gc.Peek(-1)
@@ -122,7 +123,6 @@ func (t *loopTLS) read(gc gnet.Conn) error {
 	if errors.Is(err, errRecordPending) {
 		err = nil
 	}
-	t.send(gc)
 	return err
 }
 

@@ -673,3 +673,64 @@ func TestTLSClientsOnTheLoop(t *testing.T) {
 		t.Errorf("%d connections left the loop, want %d (at mn, and at the close_notify)", n, clients+1)
 	}
 }
+
+// TestTLSClientHandedOverWhileGnetHoldsRecords pipelines gets of a 16 KiB
+// value over TLS and reads nothing until gnet holds encrypted replies the
+// socket did not take; then the connection moves to the goroutine path,
+// at a meta command, or because the client ended its session and its
+// side of the connection. The records gnet held and dropped must reach
+// the client first, the rest of the session after them: every reply
+// decrypts, whole and in order.
+func TestTLSClientHandedOverWhileGnetHoldsRecords(t *testing.T) {
+	pki := newTestPKI(t, "clients")
+	cert, key := pki.issue(t, "proxy", x509.ExtKeyUsageServerAuth)
+	cfg := loopConfig(startMemcached(t))
+	cfg.TLS = ServerTLS{CertPath: cert, KeyPath: key}
+	p, addr := startProxy(t, cfg)
+	roots, err := loadCAs(pki.caPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	value := strings.Repeat("t", 16<<10)
+	want := "VALUE big 0 16384\r\n" + value + "\r\nEND\r\n"
+	const gets = 500
+	for i := range 2 {
+		raw := dialSmallWindow(t, addr)
+		tc := tls.Client(raw, &tls.Config{RootCAs: roots, ServerName: "127.0.0.1"})
+		if got := roundTrip(tc, "set big 0 0 16384\r\n"+value+"\r\n"); got != "STORED\r\n" {
+			t.Fatalf("set answered %q", got)
+		}
+		tc.SetDeadline(time.Now().Add(20 * time.Second))
+		if _, err := io.WriteString(tc, strings.Repeat("get big\r\n", gets)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		replies := []string{}
+		if i == 0 {
+			io.WriteString(tc, "mn\r\nget big\r\n")
+			replies = []string{"MN\r\n", want}
+		} else {
+			tc.CloseWrite()                 // close_notify
+			raw.(*net.TCPConn).CloseWrite() // and the end of the stream
+		}
+		time.Sleep(100 * time.Millisecond)
+		br := bufio.NewReader(tc)
+		for j := range gets + len(replies) {
+			w := want
+			if j >= gets {
+				w = replies[j-gets]
+			}
+			if got, err := readReply(br); err != nil || got != w {
+				t.Fatalf("case %d, reply %d: %q (%v), want %q", i, j, short(got), err, short(w))
+			}
+			if i == 0 {
+				// Slowly: gnet still holds replies when the loop has
+				// written the last one it owes and hands over.
+				time.Sleep(time.Millisecond)
+			}
+		}
+		if n := loopHandovers(p); n != uint64(i+1) {
+			t.Errorf("case %d: %d connections left the loop, want %d", i, n, i+1)
+		}
+	}
+}

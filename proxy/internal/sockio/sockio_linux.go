@@ -1,0 +1,34 @@
+package sockio
+
+import (
+	"errors"
+
+	"golang.org/x/sys/unix"
+)
+
+// Written returns how many bytes have been written to the TCP socket fd
+// in all, through any of its descriptors: those the peer acknowledged and
+// those still in the send queue. Two readings differ by exactly what was
+// written in between, whoever wrote it. The acknowledged count is read
+// before and after the queue's length, and the pair is taken only when an
+// acknowledgement did not move bytes from one to the other meanwhile.
+func Written(fd int) (uint64, error) {
+	for range 100 {
+		before, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+		if err != nil {
+			return 0, err
+		}
+		queued, err := unix.IoctlGetInt(fd, unix.SIOCOUTQ)
+		if err != nil {
+			return 0, err
+		}
+		after, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+		if err != nil {
+			return 0, err
+		}
+		if before.Bytes_acked == after.Bytes_acked {
+			return after.Bytes_acked + uint64(queued), nil
+		}
+	}
+	return 0, errors.New("sockio: acknowledgements kept moving the count of bytes written")
+}
