@@ -92,7 +92,9 @@ type eventLoops struct {
 	cli  *gnet.Client
 	stop chan struct{}
 	done chan struct{}
-	once sync.Once
+	// stopped is closed once gnet's loops have stopped.
+	stopped chan struct{}
+	once    sync.Once
 	// abandon: Shutdown's grace ran out, and the replies still owed are
 	// not written.
 	abandon atomic.Bool
@@ -138,6 +140,9 @@ type loopClient struct {
 	iov              []syscall.Iovec
 	tls              *loopTLS // the connection's TLS server, with --tls-cert-path
 	kept             []byte   // a copy of at least the bytes gnet holds to write (see keep)
+	// counted: the socket counts the bytes it was given (sockio.Written),
+	// so the connection can move while gnet holds some (TCP on Linux).
+	counted bool
 }
 
 // loopSlot is one reply owed to a client: ready when no request of it is
@@ -414,7 +419,7 @@ func (ls *loopState) putSlot(s *loopSlot) {
 }
 
 func newEventLoops(p *Proxy) (*eventLoops, error) {
-	l := &eventLoops{p: p, stop: make(chan struct{}), done: make(chan struct{}), loops: make(map[gnet.EventLoop]*loopState)}
+	l := &eventLoops{p: p, stop: make(chan struct{}), done: make(chan struct{}), stopped: make(chan struct{}), loops: make(map[gnet.EventLoop]*loopState)}
 	cli, err := gnet.NewClient(l, gnet.WithMulticore(true), gnet.WithNumEventLoop(p.cfg.EventLoops),
 		gnet.WithTCPNoDelay(gnet.TCPNoDelay), gnet.WithReadBufferCap(loopReadBuffer),
 		gnet.WithLogger(gnetLog{p.log}), gnet.WithLogLevel(logging.ErrorLevel))
@@ -471,6 +476,7 @@ func (l *eventLoops) close() {
 		close(l.stop)
 		<-l.done
 		l.cli.Stop()
+		close(l.stopped)
 	})
 }
 
@@ -527,6 +533,8 @@ func (l *eventLoops) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	switch x := gc.Context().(type) {
 	case *loopClient:
 		x.gc = gc
+		_, err := sockio.Written(gc.Fd())
+		x.counted = err == nil
 		x.ls = l.state(gc.EventLoop())
 		x.ls.clients[x] = struct{}{}
 		if x.tls != nil {
@@ -598,7 +606,7 @@ func (ls *loopState) check() {
 			lc.kept = nil // an idle connection keeps no buffer
 		}
 		switch {
-		case lc.handoff && len(lc.slots) == 0:
+		case lc.handoff && len(lc.slots) == 0 && lc.movable():
 			ls.el.Close(lc.gc)
 		case lc.full():
 			// Its replies wait for it to read those gnet holds.
@@ -652,7 +660,7 @@ func (lc *loopClient) traffic() gnet.Action {
 	lc.unread = lc.buffered()
 	switch {
 	case readErr == nil:
-	case readErr == io.EOF && (len(lc.slots) > 0 || lc.unread > 0 || lc.gc.OutboundBuffered() > 0):
+	case readErr == io.EOF && (len(lc.slots) > 0 || lc.unread > 0 || lc.counted && lc.gc.OutboundBuffered() > 0):
 		// The client ended its TLS session after requests not all
 		// answered: as a plain client that half-closes, the connection
 		// moves to the goroutine path once the loop's replies are
@@ -669,7 +677,7 @@ func (lc *loopClient) traffic() gnet.Action {
 		lc.handoff = true
 		return gnet.Close
 	}
-	if len(lc.slots) == 0 && (lc.handoff || lc.c.p.draining() && lc.gc.OutboundBuffered() == 0) {
+	if len(lc.slots) == 0 && (lc.handoff && lc.movable() || lc.c.p.draining() && lc.gc.OutboundBuffered() == 0) {
 		return gnet.Close // what written leaves to this callback's return
 	}
 	return gnet.None
@@ -680,11 +688,18 @@ func (lc *loopClient) traffic() gnet.Action {
 func (lc *loopClient) piledUp() bool {
 	switch {
 	case lc.unread > loopPipelinedMax:
-		return true
+		return lc.movable()
 	case lc.unread > loopUnreadMax:
-		return lc.held || lc.handoff
+		return (lc.held || lc.handoff) && lc.movable()
 	}
 	return false
+}
+
+// movable reports whether the connection can move to the goroutine path
+// now: gnet holds none of its replies, or the socket counts what gnet
+// writes of them before it drops the rest (see unwritten).
+func (lc *loopClient) movable() bool {
+	return lc.counted || lc.gc.OutboundBuffered() == 0
 }
 
 // unhandled returns the bytes gc brought that are not handled yet: gnet's,
@@ -1945,7 +1960,7 @@ func (lc *loopClient) written() {
 		// gnet must not close a connection inside its own OnTraffic:
 		// traffic closes it by its return. A draining proxy answers the
 		// requests it has read first.
-		if !lc.inTraffic && (lc.handoff || lc.gc.OutboundBuffered() == 0) {
+		if !lc.inTraffic && (lc.handoff && lc.counted || lc.gc.OutboundBuffered() == 0) {
 			lc.ls.el.Close(lc.gc)
 		}
 		return
@@ -2038,6 +2053,8 @@ func (lc *loopClient) closed(err error) {
 	c := lc.c
 	delete(lc.ls.clients, lc)
 	gc := lc.gc
+	kept := lc.kept
+	lc.kept = nil
 	unread := lc.buffered()
 	if err != nil && !errors.Is(err, io.EOF) {
 		lc.closing = true // a read or write failed: no one is left to answer
@@ -2045,16 +2062,22 @@ func (lc *loopClient) closed(err error) {
 	if lc.ls.l.abandon.Load() {
 		lc.closing = true // the loops are stopping: an Execute may never run
 	}
-	if lc.closing || !lc.handoff && (err == nil || len(lc.slots) == 0 && unread == 0 && gc.OutboundBuffered() == 0) {
+	if !lc.closing && lc.counted && (lc.handoff || err != nil) {
+		flushWhileProgress(gc) // the less gnet holds, the less to hand over
+	}
+	held := gc.OutboundBuffered()
+	if lc.closing || !lc.handoff && (err == nil || len(lc.slots) == 0 && unread == 0 && held == 0) {
 		lc.gc = nil
 		lc.abandon()
 		c.p.untrack(c)
 		return
 	}
 	h := &handover{replies: make(chan [][]byte, len(lc.slots))}
-	if gc.OutboundBuffered() > 0 {
-		if err := lc.unwritten(gc, h); err != nil {
-			c.p.log.Warn("client connection closed: replies gnet holds cannot be handed over", "remote", remoteOf(c.nc), "err", err)
+	if held > 0 {
+		if err := lc.unwritten(gc, kept, h); err != nil {
+			if lc.counted {
+				c.p.log.Warn("client connection closed: replies gnet holds cannot be handed over", "remote", remoteOf(c.nc), "err", err)
+			}
 			lc.gc = nil
 			lc.abandon()
 			c.p.untrack(c)
@@ -2076,16 +2099,25 @@ func (lc *loopClient) closed(err error) {
 	} else {
 		close(h.replies)
 	}
+	l := lc.ls.l
 	go func() {
 		defer c.p.untrack(c)
 		f := os.NewFile(uintptr(fd), "client")
 		nc, err := net.FileConn(f)
 		f.Close()
-		if err == nil && h.tail != nil {
+		if err == nil {
+			// From here a shutdown that gave up waiting reaches the
+			// socket (it closes the connections' sockets under wakeMu
+			// after it set abandon), or this sees it gave up.
 			c.wakeMu.Lock()
-			c.nc = nc // a shutdown reaches the socket under wakeMu
+			c.nc = nc
+			if l.abandon.Load() {
+				err = net.ErrClosed
+			}
 			c.wakeMu.Unlock()
-			if err = h.writeTail(nc, c.p.cfg.IdleTimeout); errors.Is(err, os.ErrDeadlineExceeded) {
+		}
+		if err == nil && h.tail != nil {
+			if err = h.writeTail(nc, l.stopped, c.p.cfg.IdleTimeout); errors.Is(err, os.ErrDeadlineExceeded) {
 				c.p.stats.connsIdleClosed.Add(1)
 			}
 		}
@@ -2117,11 +2149,9 @@ func (lc *loopClient) closed(err error) {
 	}()
 }
 
-// unwritten puts in h the bytes of replies gnet holds for gc, which it
-// drops when it closes its descriptor after one more write, with how many
-// bytes the socket had been given then. What the socket takes while it is
-// at hand is written first.
-func (lc *loopClient) unwritten(gc gnet.Conn, h *handover) error {
+// flushWhileProgress has gnet write what it holds for gc for as long as
+// the socket takes some.
+func flushWhileProgress(gc gnet.Conn) {
 	for b := gc.OutboundBuffered(); b > 0; {
 		gc.Flush()
 		if a := gc.OutboundBuffered(); a < b {
@@ -2130,11 +2160,17 @@ func (lc *loopClient) unwritten(gc gnet.Conn, h *handover) error {
 			break
 		}
 	}
+}
+
+// unwritten puts in h the bytes of replies gnet holds for gc, the end of
+// kept, which gnet drops when it closes its descriptor after one more
+// write, with how many bytes the socket had been given then.
+func (lc *loopClient) unwritten(gc gnet.Conn, kept []byte, h *handover) error {
 	held := gc.OutboundBuffered()
-	if held == 0 {
-		return nil
-	}
-	if held > len(lc.kept) {
+	switch {
+	case !lc.counted:
+		return errors.ErrUnsupported // a socket that does not count what it was given
+	case held > len(kept):
 		return errors.New("gnet holds bytes not kept")
 	}
 	wrote, err := sockio.Written(gc.Fd())
@@ -2150,9 +2186,8 @@ func (lc *loopClient) unwritten(gc gnet.Conn, h *handover) error {
 	if err != nil {
 		return err
 	}
-	h.tail = append([]byte(nil), lc.kept[len(lc.kept)-held:]...)
+	h.tail = append([]byte(nil), kept[len(kept)-held:]...)
 	h.wrote, h.gnetDone = wrote, done
-	lc.kept = nil
 	return nil
 }
 
@@ -2187,9 +2222,14 @@ type handover struct {
 
 // writeTail writes the bytes of tail that gnet's last write did not take,
 // straight to the socket (over TLS they are records already), within
-// timeout if there is one. They were counted when gnet took them.
-func (h *handover) writeTail(nc net.Conn, timeout time.Duration) error {
-	<-h.gnetDone
+// timeout if there is one, unless the loops stopped first. They were
+// counted when gnet took them.
+func (h *handover) writeTail(nc net.Conn, stopped <-chan struct{}, timeout time.Duration) error {
+	select {
+	case <-h.gnetDone:
+	case <-stopped:
+		return net.ErrClosed // the loops stopped before they ran the signal
+	}
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
 		return errors.New("handover: not a socket")
@@ -2286,7 +2326,7 @@ func (lc *loopClient) putSealed() {
 func (lc *loopClient) put(bufs [][]byte, copyMax int) (n int, rest [][]byte, ok bool) {
 	gc := lc.gc
 	if gc.OutboundBuffered() > 0 {
-		if copyMax < math.MaxInt && bufsLen(bufs) > copyMax {
+		if lc.counted && copyMax < math.MaxInt && bufsLen(bufs) > copyMax {
 			return 0, bufs, true
 		}
 		n, _ = gc.Writev(bufs)
@@ -2325,8 +2365,8 @@ func bufsLen(bufs [][]byte) int {
 // is the end of what it was given. The copy is what a handover writes of
 // the replies gnet drops when it closes its descriptor (see closed).
 func (lc *loopClient) keep(bufs [][]byte) {
-	if lc.gc == nil {
-		return // the write failed and closed the connection
+	if lc.gc == nil || !lc.counted {
+		return // the write failed and closed the connection, or no use
 	}
 	for _, b := range bufs {
 		lc.kept = append(lc.kept, b...)

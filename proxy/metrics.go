@@ -63,7 +63,7 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 		accepted:    prometheus.NewDesc(ns+"_client_connections_accepted_total", "Client connections accepted.", nil, nil),
 		refusedConn: prometheus.NewDesc(ns+"_client_connections_refused_total", "Client connections closed at accept because the proxy was at --max-connections.", nil, nil),
 		idleClosed:  prometheus.NewDesc(ns+"_client_connections_idle_closed_total", "Client connections closed after --idle-timeout without a complete request.", nil, nil),
-		handedOver:  prometheus.NewDesc(ns+"_client_connections_handed_over_total", "Client connections moved from an event loop to the goroutine path: at the first command the loop does not answer, at a half-close with replies owed, or with too many requests it cannot answer yet.", nil, nil),
+		handedOver:  prometheus.NewDesc(ns+"_client_connections_handed_over_total", "Client connections moved from an event loop to the goroutine path: at the first command the loop does not answer, at a reply too long to copy, at a half-close with replies owed, or with too many requests it cannot answer yet.", nil, nil),
 		bytesIn:     prometheus.NewDesc(ns+"_client_read_bytes_total", "Bytes read from clients.", nil, nil),
 		bytesOut:    prometheus.NewDesc(ns+"_client_written_bytes_total", "Bytes written to clients.", nil, nil),
 		keys:        prometheus.NewDesc(ns+"_retrieved_keys_total", "Keys asked for by retrieval commands, by result.", []string{"result"}, nil),

@@ -285,14 +285,18 @@ wait:
 			// and return; their goroutines end within the upstream timeout,
 			// and the last one out closes the upstream pools.
 			p.mu.Lock()
+			loops := p.loops
+			if loops != nil {
+				// Before the sockets close: a connection moving off a
+				// loop meanwhile sees it (see closed).
+				loops.abandon.Store(true)
+			}
 			for c := range p.conns {
 				c.closeNow()
 			}
-			loops := p.loops
 			p.mu.Unlock()
 			go func() {
 				if loops != nil {
-					loops.abandon.Store(true)
 					loops.close() // closes the connections still on a loop
 				}
 				<-done

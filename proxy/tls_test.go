@@ -682,6 +682,7 @@ func TestTLSClientsOnTheLoop(t *testing.T) {
 // the client first, the rest of the session after them: every reply
 // decrypts, whole and in order.
 func TestTLSClientHandedOverWhileGnetHoldsRecords(t *testing.T) {
+	needsWrittenCount(t)
 	pki := newTestPKI(t, "clients")
 	cert, key := pki.issue(t, "proxy", x509.ExtKeyUsageServerAuth)
 	cfg := loopConfig(startMemcached(t))

@@ -2,6 +2,8 @@ package sockio
 
 import (
 	"errors"
+	"fmt"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -13,6 +15,9 @@ import (
 // before and after the queue's length, and the pair is taken only when an
 // acknowledgement did not move bytes from one to the other meanwhile.
 func Written(fd int) (uint64, error) {
+	if !countsAcked() {
+		return 0, errors.ErrUnsupported
+	}
 	for range 100 {
 		before, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
 		if err != nil {
@@ -32,3 +37,17 @@ func Written(fd int) (uint64, error) {
 	}
 	return 0, errors.New("sockio: acknowledgements kept moving the count of bytes written")
 }
+
+// countsAcked reports whether the kernel fills TCP_INFO's bytes
+// acknowledged, which Linux does from 4.2 on; an older one leaves it 0.
+var countsAcked = sync.OnceValue(func() bool {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return false
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &major, &minor); err != nil {
+		return false
+	}
+	return major > 4 || major == 4 && minor >= 2
+})
