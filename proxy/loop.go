@@ -1960,7 +1960,7 @@ func (lc *loopClient) written() {
 		// gnet must not close a connection inside its own OnTraffic:
 		// traffic closes it by its return. A draining proxy answers the
 		// requests it has read first.
-		if !lc.inTraffic && (lc.handoff && lc.counted || lc.gc.OutboundBuffered() == 0) {
+		if !lc.inTraffic && (lc.handoff && lc.movable() || lc.gc.OutboundBuffered() == 0) {
 			lc.ls.el.Close(lc.gc)
 		}
 		return
@@ -2065,11 +2065,14 @@ func (lc *loopClient) closed(err error) {
 	if !lc.closing && lc.counted && (lc.handoff || err != nil) {
 		flushWhileProgress(gc) // the less gnet holds, the less to hand over
 	}
-	held := gc.OutboundBuffered()
-	if lc.closing || !lc.handoff && (err == nil || len(lc.slots) == 0 && unread == 0 && held == 0) {
+	end := func() { // the connection ends here, its replies dropped
 		lc.gc = nil
 		lc.abandon()
 		c.p.untrack(c)
+	}
+	held := gc.OutboundBuffered()
+	if lc.closing || !lc.handoff && (err == nil || len(lc.slots) == 0 && unread == 0 && held == 0) {
+		end()
 		return
 	}
 	h := &handover{replies: make(chan [][]byte, len(lc.slots))}
@@ -2078,20 +2081,17 @@ func (lc *loopClient) closed(err error) {
 			if lc.counted {
 				c.p.log.Warn("client connection closed: replies gnet holds cannot be handed over", "remote", remoteOf(c.nc), "err", err)
 			}
-			lc.gc = nil
-			lc.abandon()
-			c.p.untrack(c)
+			end()
 			return
 		}
 	}
 	prefix := append([]byte(nil), unhandled(gc, lc.tls)...)
-	lc.gc = nil
 	fd, derr := gc.Dup()
 	if derr != nil {
-		lc.abandon()
-		c.p.untrack(c)
+		end()
 		return
 	}
+	lc.gc = nil
 	c.p.stats.connsHandedOver.Add(1)
 	if len(lc.slots) > 0 {
 		lc.hand = h
@@ -2326,7 +2326,7 @@ func (lc *loopClient) putSealed() {
 func (lc *loopClient) put(bufs [][]byte, copyMax int) (n int, rest [][]byte, ok bool) {
 	gc := lc.gc
 	if gc.OutboundBuffered() > 0 {
-		if lc.counted && copyMax < math.MaxInt && bufsLen(bufs) > copyMax {
+		if lc.counted && bufsLen(bufs) > copyMax {
 			return 0, bufs, true
 		}
 		n, _ = gc.Writev(bufs)

@@ -915,19 +915,7 @@ func TestEventLoopStopsTakingRequestsOfAClientThatReadsNone(t *testing.T) {
 	p, addr := startProxy(t, loopConfig(startMemcached(t)))
 	want := setBig(t, addr, 16<<10)
 	c := dialSmallWindow(t, addr)
-	chunk := []byte(strings.Repeat("get big\r\n", 7000)) // 63 KiB
-	sent := 0
-	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
-		c.SetWriteDeadline(end)
-		n, err := c.Write(chunk)
-		sent += n
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	sent := sendGetsUnread(t, c, func() bool { return false })
 	t.Logf("the client sent %d MiB of gets", sent>>20)
 	// The loop's limit and a read, and what the sockets' buffers may hold
 	// here (tcp_wmem's 4 MiB, tcp_rmem's 32 MiB at most); measured: 4 to
@@ -1031,13 +1019,7 @@ func TestShutdownEndsHandoversOfClientsThatReadNothing(t *testing.T) {
 			})
 		},
 		"requests piled up": func(t *testing.T, p *Proxy, c net.Conn) {
-			chunk := []byte(strings.Repeat("get big\r\n", 7000))
-			for end := time.Now().Add(3 * time.Second); time.Now().Before(end) && loopHandovers(p) == 0; {
-				c.SetWriteDeadline(end)
-				if _, err := c.Write(chunk); err != nil {
-					break
-				}
-			}
+			sendGetsUnread(t, c, func() bool { return loopHandovers(p) > 0 })
 			if n := loopHandovers(p); n != 1 {
 				t.Fatalf("%d handovers", n)
 			}
@@ -1063,6 +1045,27 @@ func TestShutdownEndsHandoversOfClientsThatReadNothing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// sendGetsUnread writes gets of "big" to c as fast as it takes them, 63
+// KiB at a time, for 3 s or until done reports true, and returns how many
+// bytes it wrote.
+func sendGetsUnread(t *testing.T, c net.Conn, done func() bool) int {
+	t.Helper()
+	chunk := []byte(strings.Repeat("get big\r\n", 7000))
+	sent := 0
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end) && !done(); {
+		c.SetWriteDeadline(end)
+		n, err := c.Write(chunk)
+		sent += n
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return sent
 }
 
 // needsWrittenCount skips a test of a connection that moves while gnet
