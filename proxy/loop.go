@@ -1245,24 +1245,27 @@ func (s *loopSlot) align(reply []byte) {
 }
 
 // alignZone sends req to the key's server in zone z, and drops its reply,
-// counting a failure against the zone when count says so.
+// counting a failure against the zone when count says so. The slot's
+// reply waits for it, as on the goroutine path: a client told a write
+// took finds no older copy in any zone.
 func (s *loopSlot) alignZone(z int, req []byte, count bool) {
 	u := s.client.ls.upstreamOf(s.client.c.p.zones[z].up.Load(), s.ups)
 	kind := uint8(dropUndo)
 	if count {
 		kind = dropAlign
 	}
-	if u.queueDropped(kind, z) {
+	if u.queueDropped(s, kind, z) {
 		u.out = append(u.out, req...)
 		u.flush()
 	}
 }
 
 // queueDropped queues on u a request whose reply is dropped, of kind
-// drop (about zone), whose bytes the caller appends to u.out. It reports
-// false when the server is ejected: the request failed at once, counted
-// as its kind counts a failure.
-func (u *loopUpstream) queueDropped(drop uint8, zone int) bool {
+// drop (about zone), whose bytes the caller appends to u.out. When s is
+// not nil, s's reply waits for it. It reports false when the server is
+// ejected: the request failed at once, counted as its kind counts a
+// failure.
+func (u *loopUpstream) queueDropped(s *loopSlot, drop uint8, zone int) bool {
 	ls := u.ls
 	r := take(&ls.reqs)
 	r.srv, r.store, r.drop, r.zone, r.began = u.srv, true, drop, zone, ls.now
@@ -1271,6 +1274,10 @@ func (u *loopUpstream) queueDropped(drop uint8, zone int) bool {
 		ls.l.p.countDropped(r, nil, err)
 		ls.putReq(r)
 		return false
+	}
+	if s != nil {
+		r.slot = s
+		s.pending++
 	}
 	u.q.push(r)
 	return true
@@ -1597,6 +1604,7 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 		if s.pending--; s.pending > 0 {
 			return
 		}
+		s.pending = 1 // until the reply is made: addHeld may queue deletes it waits for
 		answer := s.reqs[0]
 		for _, q := range s.reqs {
 			if q.err == nil {
@@ -1635,8 +1643,11 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 		s.line = append(s.line[:0], reply...)
 		s.out = append(s.out, s.line)
 	}
-	s.pending = 0
-	s.client.written()
+	// The reply goes once the writes bringing other zones in line are
+	// answered too (see alignZone).
+	if s.pending--; s.pending == 0 {
+		s.client.written()
+	}
 }
 
 // match points each asked key of r at its VALUE block: memcached answers
@@ -1771,7 +1782,7 @@ func (s *loopSlot) fill() bool {
 		}
 		key := s.upKey(i)
 		u := ls.upstreamOf(up, key)
-		if !u.queueDropped(dropFill, 0) {
+		if !u.queueDropped(nil, dropFill, 0) {
 			continue
 		}
 		u.out = appendStorage(u.out, "add", string(key), o.flags, int32(wire.ExptimeOf(o.ttl)), o.size, 0, false)
