@@ -1568,9 +1568,17 @@ func (s *loopSlot) finish() {
 		}
 	}
 	lc := s.client
-	filled := s.fill()
+	// Until the reply is made: answer may queue the delete of a damaged
+	// item, which the reply waits for, and whose failure inside a flush
+	// would otherwise let the slot go while answer still writes it.
+	s.pending = 1
 	s.answer()
-	lc.written()
+	// Only what the client got as a hit is filled: answer made a refused
+	// envelope a miss.
+	filled := s.fill()
+	if s.pending--; s.pending == 0 {
+		lc.written()
+	}
 	if filled {
 		// The client's reply is written first: a fill costs it no time.
 		for _, u := range lc.ls.ups {
@@ -1824,16 +1832,19 @@ func (s *loopSlot) answer() {
 	}
 	for i := range s.owners {
 		o := &s.owners[i]
-		switch {
-		case o.first > 0:
-			o.block = s.owners[o.first-1].block // the same key, earlier
-		case o.arenaEnd > 0:
-			o.block = s.arena[o.arenaStart:o.arenaEnd:o.arenaEnd]
+		block := o.block // memcached's, which a fill stores
+		if o.first > 0 {
+			o = &s.owners[o.first-1] // the same key, earlier
+			block = o.block
 		}
-		hit := o.block != nil
+		if o.arenaEnd > 0 {
+			block = s.arena[o.arenaStart:o.arenaEnd:o.arenaEnd]
+		}
+		hit := block != nil
 		if hit {
-			s.out = append(s.out, o.block)
+			s.out = append(s.out, block)
 		}
+		o = &s.owners[i]
 		st.recordKey(false, hit)
 		if o.tenant != nil {
 			o.tenant.requests.Add(1)
@@ -1909,13 +1920,12 @@ func (s *loopSlot) inArena(o *loopOwner, key []byte, flags uint32, v []byte, cas
 func (s *loopSlot) deleteCorrupt(zone int, key []byte) {
 	lc := s.client
 	u := lc.ls.upstreamOf(lc.c.p.zones[zone].up.Load(), key)
-	r := lc.ls.req(s)
-	r.srv, r.store, r.drop, r.began = u.srv, true, dropCorrupt, lc.ls.now
-	s.pending++
+	if !u.queueDropped(s, dropCorrupt, zone) {
+		return // its server is ejected
+	}
 	u.out = append(u.out, "delete "...)
 	u.out = append(u.out, key...)
 	u.out = append(u.out, crlf...)
-	u.q.push(r)
 	u.flush()
 }
 

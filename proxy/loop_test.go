@@ -1233,3 +1233,69 @@ func TestEventLoopClientResetWhileRepliesAreWritten(t *testing.T) {
 		t.Fatalf("the proxy after: %q", got)
 	}
 }
+
+// TestEventLoopDeleteOfDamagedItemFailingAtOnce checks a get whose reply
+// holds a damaged envelope, from a server that resets its connection just
+// after replying: the delete of the damaged item fails inside the flush
+// that sends it, while the reply is being made. The client still gets
+// its reply, once, and the slot it was made in is not given to another
+// client early (that crashed the loop, or left a stray END for the next
+// client on it).
+func TestEventLoopDeleteOfDamagedItemFailingAtOnce(t *testing.T) {
+	mc := startMemcached(t)
+	seed := testConfig(mc)
+	seed.Codec = codecConfig()
+	_, seedAddr := startProxy(t, seed)
+	value := strings.Repeat("postings 1234567 ", 20)
+	sc := newLineClient(t, seedAddr)
+	for _, k := range []string{"P2:a", "P2:b"} {
+		if r := sc.do(fmt.Sprintf("set %s 7 0 %d\r\n%s\r\n", k, len(value), value)); r != "STORED\r\n" {
+			t.Fatalf("set %s: %q", k, r)
+		}
+	}
+	direct := newLineClient(t, mc)
+	fa, sa, _ := rawItem(t, direct, "P2:a")
+	fb, sb, _ := rawItem(t, direct, "P2:b")
+	bad := []byte(sa)
+	bad[len(bad)/2] ^= 1
+	damaged := fmt.Sprintf("VALUE P2:a %d %d\r\n%s\r\n", fa, len(bad), bad)
+	good := fmt.Sprintf("VALUE P2:b %d %d\r\n%s\r\n", fb, len(sb), sb)
+
+	for _, tc := range []struct{ name, keys, upstream, want string }{
+		{"damaged key first", "P2:a P2:b", damaged + good + "END\r\n", "VALUE P2:b 7 " + strconv.Itoa(len(value)) + "\r\n" + value + "\r\nEND\r\n"},
+		{"damaged key alone", "P2:a", damaged + "END\r\n", "END\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake, _ := fakeUpstream(t, func(c net.Conn) {
+				br := bufio.NewReader(c)
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil {
+						return
+					}
+					switch {
+					case strings.HasPrefix(line, "get "):
+						c.Write([]byte(tc.upstream))
+						c.(*net.TCPConn).SetLinger(0) // a reset, not a close
+						c.Close()
+						return
+					case strings.HasPrefix(line, "version"):
+						c.Write([]byte("VERSION 1\r\n"))
+					}
+				}
+			})
+			cfg := loopConfig(fake)
+			cfg.Codec = codecConfig()
+			cfg.Codec.DeleteCorrupt = true
+			_, addr := startProxy(t, cfg)
+			lc := newLineClient(t, addr)
+			if got := lc.do("get " + tc.keys + "\r\n"); got != tc.want {
+				t.Fatalf("get %s answered %q, want %q", tc.keys, short(got), short(tc.want))
+			}
+			// Another client on the same loop gets its own reply.
+			if got := newLineClient(t, addr).do("version\r\n"); !strings.HasPrefix(got, "VERSION ") {
+				t.Fatalf("version on another client answered %q", got)
+			}
+		})
+	}
+}

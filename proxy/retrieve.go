@@ -307,7 +307,9 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 					value, flags, ok = c.open(c.ownerServer(o), c.keyBuf, call.Keys[o.pos], o.bound, flags, value)
 					stable = false
 				}
-				if ok {
+				if !ok {
+					it.Hit = false // a miss to the client, and not filled into the local zone
+				} else {
 					c.writeValue(c.keys[i], flags, it.CAS, value, withCAS, stable)
 					hit = true
 					if c.tierMode != tierOff {

@@ -699,3 +699,46 @@ func TestMemccapableOverZones(t *testing.T) {
 		return zonedConfig("a", zoneEntry("a", ups[:half]), zoneEntry("b", ups[half:]))
 	})
 }
+
+// TestZoneFillSkipsRefusedHits checks that a hit another zone holds but
+// the client gets as a miss (a damaged envelope) is not filled into the
+// local zone, on both paths, while a good hit in the same get is.
+func TestZoneFillSkipsRefusedHits(t *testing.T) {
+	for _, loops := range []int{0, 1} {
+		t.Run(fmt.Sprintf("event-loops=%d", loops), func(t *testing.T) {
+			a, b := startZone(t, 1), startZone(t, 1)
+			cfg := zonedConfig("a", zoneEntry("a", a), zoneEntry("b", b))
+			cfg.Codec = codecConfig()
+			cfg.EventLoops = loops
+			_, addr := startProxy(t, cfg)
+			sc := newLineClient(t, addr)
+			value := strings.Repeat("postings 1234567 ", 20)
+			for _, k := range []string{"P2:bad", "P2:good"} {
+				if r := sc.do(fmt.Sprintf("set %s 7 0 %d\r\n%s\r\n", k, len(value), value)); r != "STORED\r\n" {
+					t.Fatalf("set %s: %q", k, r)
+				}
+				if r := directDo(t, a[0], "delete "+k+"\r\n"); r != "DELETED\r\n" {
+					t.Fatalf("delete %s from zone a: %q", k, r)
+				}
+			}
+			inB := newLineClient(t, b[0])
+			flags, stored, _ := rawItem(t, inB, "P2:bad")
+			damaged := []byte(stored)
+			damaged[len(damaged)/2] ^= 1
+			rawSet(t, inB, "P2:bad", flags, string(damaged))
+
+			want := "VALUE P2:good 7 " + strconv.Itoa(len(value)) + "\r\n" + value + "\r\nEND\r\n"
+			if got := sc.do("get P2:bad P2:good\r\n"); got != want {
+				t.Fatalf("get answered %q, want %q", short(got), short(want))
+			}
+			// Both fills would go in one batch: once the good one is in,
+			// the damaged one would be too.
+			if !waitFor(5*time.Second, func() bool { _, _, ok := inZone(t, a, "P2:good"); return ok }) {
+				t.Fatal("the good hit was not filled into zone a")
+			}
+			if _, _, ok := inZone(t, a, "P2:bad"); ok {
+				t.Error("the damaged hit was filled into zone a")
+			}
+		})
+	}
+}
