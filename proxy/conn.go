@@ -115,6 +115,9 @@ type keyOwner struct {
 	tenant    *tenantCounters // nil: not counted per tenant
 	entry     *tier.Entry     // the local tier's answer; srv is then -1
 	tierGen   uint32          // see keep
+	// refused: the item was a hit upstream that the client gets as a miss
+	// (an envelope refused, a plain item under a rewritten key).
+	refused bool
 }
 
 func newConn(p *Proxy, nc net.Conn) *conn {

@@ -396,3 +396,50 @@ func TestMemcaslapThroughKeyspace(t *testing.T) {
 		t.Errorf("no memcaslap key was rewritten")
 	}
 }
+
+// TestSharedUpstreamKeyCheckedPerKey checks a get naming two client keys
+// that share one upstream key (a rewritten key, and its rewrite named as a
+// key of its own): the item is checked against each client key, and one
+// key's refusal does not make the other miss.
+func TestSharedUpstreamKeyCheckedPerKey(t *testing.T) {
+	for _, loops := range []int{0, 1} {
+		t.Run(fmt.Sprintf("event-loops=%d", loops), func(t *testing.T) {
+			up := startMemcached(t)
+			cfg := keyspaceConfig(up)
+			cfg.EventLoops = loops
+			_, addr := startProxy(t, cfg)
+			c, direct := newLineClient(t, addr), newLineClient(t, up)
+			ks, err := keyspace.New(*keysConfig())
+			if err != nil {
+				t.Fatal(err)
+			}
+			long := mimirLV2Key()
+			b, _, _ := ks.AppendRewrite(nil, []byte(long))
+			upKey := string(b)
+			valueOf := func(key, v string, flags int) string {
+				return "VALUE " + key + " " + strconv.Itoa(flags) + " " + strconv.Itoa(len(v)) + "\r\n" + v + "\r\n"
+			}
+			// A plain item at the upstream key: the long key's miss, the
+			// upstream key's own hit.
+			rawSet(t, direct, upKey, 0, "plain")
+			for _, keys := range []string{upKey + " " + long, long + " " + upKey} {
+				want := valueOf(upKey, "plain", 0) + "END\r\n"
+				if got := c.do("get " + keys + "\r\n"); got != want {
+					t.Errorf("plain item: get %s answered %q, want %q", short(keys), short(got), short(want))
+				}
+			}
+			// The long key's envelope at the upstream key: its hit, the
+			// upstream key's miss.
+			value := strings.Repeat("postings 1234567 ", 20)
+			if r := c.do("set " + long + " 3 0 " + strconv.Itoa(len(value)) + "\r\n" + value + "\r\n"); r != "STORED\r\n" {
+				t.Fatalf("set: %q", r)
+			}
+			for _, keys := range []string{upKey + " " + long, long + " " + upKey} {
+				want := valueOf(long, value, 3) + "END\r\n"
+				if got := c.do("get " + keys + "\r\n"); got != want {
+					t.Errorf("envelope: get %s answered %q, want %q", short(keys), short(got), short(want))
+				}
+			}
+		})
+	}
+}

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"slices"
+
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/upstream"
 )
@@ -283,6 +285,7 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 		}
 	}
 	touch := id == cmdGat || id == cmdGats
+	refused := false
 	for i, o := range c.owners {
 		hit := false
 		if e := o.entry; e != nil {
@@ -308,7 +311,7 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 					stable = false
 				}
 				if !ok {
-					it.Hit = false // a miss to the client, and not filled into the local zone
+					c.owners[i].refused, refused = true, true
 				} else {
 					c.writeValue(c.keys[i], flags, it.CAS, value, withCAS, stable)
 					hit = true
@@ -327,7 +330,28 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 			}
 		}
 	}
+	if refused {
+		c.missRefused()
+	}
 	st.record(id, oc)
 	c.wr.Write(replyEnd)
 	return nil
+}
+
+// missRefused marks as missed the items that every key asking for them
+// refused, so that fillLocal does not store them into the local zone. An
+// item two client keys share (a rewrite equal to another client's key)
+// stays a hit when one of them took it.
+func (c *conn) missRefused() {
+	for _, o := range c.owners {
+		if !o.refused {
+			continue
+		}
+		taken := slices.ContainsFunc(c.owners, func(p keyOwner) bool {
+			return !p.refused && p.entry == nil && p.zone == o.zone && p.srv == o.srv && p.pos == o.pos
+		})
+		if !taken {
+			c.call(o).Items[o.pos].Hit = false
+		}
+	}
 }
