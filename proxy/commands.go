@@ -171,6 +171,9 @@ func (c *conn) dispatch(line []byte, start int) error {
 	case verdictBadArgs:
 		return c.clientError(cmd.id, replyError)
 	}
+	if cmd.id != cmdMetaGet {
+		c.ahead.drop() // it may write: what was read ahead is older
+	}
 	c.useUpstreams()
 	c.lineStart = start
 	began := time.Now()

@@ -83,6 +83,8 @@ type conn struct {
 	// mst is the state of meta commands, made by the first one: most
 	// connections never send one, and an idle connection stays small.
 	mst *metaState
+	// ahead holds mg fetched ahead of their turn (see readAhead).
+	ahead *metaAhead
 
 	// lc is the connection's state on an event loop (--event-loop); the
 	// goroutine path takes the connection over with adopt.
@@ -324,6 +326,8 @@ func (c *conn) process() error {
 		start := c.rd.r
 		line, err := c.rd.line()
 		if err != nil {
+			// What was read ahead is for the lines read so far only.
+			c.ahead.drop()
 			return err
 		}
 		if err := c.dispatch(line, start); err != nil {

@@ -183,6 +183,14 @@ func fuzzMetaDifferential(f *testing.F, config func(...string) Config, withoutDe
 	for _, l := range metaSeedLines() {
 		f.Add([]byte(l))
 	}
+	// Pipelined reads, which the proxy fetches ahead of their turn.
+	for _, l := range []string{
+		"mg a v\nmg b v q\nmg a v k\nmg c s f O1\nmn",
+		"mg a v\nms a 2\nmg a v t\nmd a I q\nmg a v\nmg a v c\nmn",
+		"mg a v q\nmg zz v q\nmg a v Zz\nmg a k b\nmg YQ== b v\nmn",
+	} {
+		f.Add([]byte(l))
+	}
 	direct, upstream := startMemcached(f), startMemcached(f)
 	_, addr := startProxy(f, config(upstream))
 	f.Fuzz(func(t *testing.T, input []byte) {

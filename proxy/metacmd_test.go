@@ -1,9 +1,12 @@
 package proxy
 
 import (
+	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 var (
@@ -87,6 +90,12 @@ var metaDiffCases = []diffCase{
 	{name: "pipeline mixing meta and classic", chunks: req("set a 1 0 1\r\nA\r\nmg a v f\r\nget a\r\nms a 2 F2\r\nBB\r\ngets a\r\nma n N0 J1\r\nincr n 5\r\nmg n v\r\nmd a\r\ndelete a\r\nmg a v\r\nmn\r\n"), exactCAS: true},
 	{name: "quiet pipeline ended by mn", chunks: req("mg a v q\r\nmg b v q k\r\nms c 1 q\r\nx\r\nmg c v q k\r\nmd d q\r\nmd c q\r\nma e q\r\nmn\r\n")},
 	{name: "many meta commands in one read", chunks: req(strings.Repeat("ms p 1 q\r\n1\r\nma p q\r\nmg p v O1\r\nmg z v q\r\n", 20) + "mn\r\n")},
+	// Pipelined reads, which the proxy fetches ahead of their turn.
+	{name: "pipelined mg of many keys, hits and quiet misses", chunks: req(pipelinedMetaReads())},
+	{name: "pipelined mg with a write between", chunks: req("ms a 1\r\n1\r\nmg a v\r\nmg b v q\r\nms a 1\r\n2\r\nmg a v\r\nmg a v k\r\nmd a q\r\nmg a v\r\nmn\r\n")},
+	{name: "pipelined mg of a stale item twice", chunks: req("ms a 1\r\nx\r\nms b 1\r\ny\r\nmd a I\r\nmg a v\r\nmg b v\r\nmg a v\r\nmg b v\r\nmn\r\n")},
+	{name: "pipelined mg with a refused line between", chunks: req("ms a 1\r\nx\r\nmg a v\r\nmg\r\nmg a v Zz\r\nmg a v O123 k\r\nmn\r\n")},
+	{name: "pipelined mg with touches and vivify", chunks: req("ms a 1\r\nx\r\nmg a v\r\nmg a v T30 t\r\nmg a t v\r\nmg n v N30\r\nmg n v\r\nmn\r\n")},
 }
 
 // metaSeparately are meta cases where the proxy differs from memcached on
@@ -145,4 +154,61 @@ func TestMetaDifferentialThreeServers(t *testing.T) {
 	t.Run("enveloped", func(t *testing.T) {
 		runDifferential(t, metaDiffCases, 3, envelopeAllConfig, metaEnvelopeWant)
 	})
+}
+
+// pipelinedMetaReads is a client of the meta protocol at work: 70 items
+// stored, then, in one write, mg lines for 100 keys (every tenth a miss,
+// quiet or not) with assorted flags, and an mn.
+func pipelinedMetaReads() string {
+	var b strings.Builder
+	for i := range 70 {
+		fmt.Fprintf(&b, "ms p%d %d F%d T0 q\r\n%s\r\n", i, len(itoa(i)), i, itoa(i))
+	}
+	flags := []string{"v", "v f", "v t q", "s f k", "v O42 q", "k v", "v q"}
+	for i := range 100 {
+		key := "p" + itoa(i)
+		if i%10 == 9 {
+			key = "missing" + itoa(i)
+		}
+		fmt.Fprintf(&b, "mg %s %s\r\n", key, flags[i%len(flags)])
+	}
+	b.WriteString("mn\r\n")
+	return b.String()
+}
+
+// TestMetaPipelinedReadsGoTogether checks that mg lines a client pipelines
+// are fetched together, not one round trip each, and answered in order.
+func TestMetaPipelinedReadsGoTogether(t *testing.T) {
+	up := startMemcached(t)
+	p, addr := startProxy(t, testConfig(up))
+	lc := newLineClient(t, addr)
+	var req, want strings.Builder
+	for i := range aheadMax {
+		v := itoa(i)
+		if r := lc.do(fmt.Sprintf("ms r%d %d\r\n%s\r\n", i, len(v), v)); r != "HD\r\n" {
+			t.Fatalf("ms: %q", r)
+		}
+		fmt.Fprintf(&req, "mg r%d v k\r\n", i)
+		fmt.Fprintf(&want, "VA %d kr%d\r\n%s\r\n", len(v), i, v)
+	}
+	req.WriteString("mn\r\n")
+	want.WriteString("MN\r\n")
+	srv := p.upstreams().Servers[0]
+	before := srv.Requests()
+	lc.c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(lc.c, req.String()); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, want.Len())
+	if _, err := io.ReadFull(lc.br, got); err != nil {
+		t.Fatalf("reading the replies: %v (read %q)", err, short(string(got)))
+	}
+	if string(got) != want.String() {
+		t.Fatalf("replies\n%q\nwant\n%q", short(string(got)), short(want.String()))
+	}
+	// One batch led by the first mg, one more per further connection
+	// (--upstream-get-concurrency), and the rest together.
+	if n := srv.Requests() - before; n > 4 {
+		t.Errorf("%d upstream batches for %d pipelined mg, want at most 4", n, aheadMax)
+	}
 }

@@ -122,7 +122,7 @@ func (c *conn) metaGet(w [][]byte) error {
 	// a copy missing in one zone.
 	vivifyLast := c.zs != nil && m.hasVivify
 	c.req = c.appendMetaGet(c.req[:0], k, m, codec, filling, !vivifyLast)
-	line, call, srv, from, err := c.metaRead(k)
+	line, call, srv, from, err := c.metaFetch(k, m)
 	if vivifyLast && err == nil && bytes.HasPrefix(line, metaCodeMiss) {
 		c.req = c.appendMetaGet(c.req[:0], k, m, codec, filling, true)
 		zc := &c.zs[0]
