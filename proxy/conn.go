@@ -83,8 +83,10 @@ type conn struct {
 	// mst is the state of meta commands, made by the first one: most
 	// connections never send one, and an idle connection stays small.
 	mst *metaState
-	// ahead holds mg fetched ahead of their turn (see readAhead).
-	ahead *metaAhead
+	// ahead holds mg fetched ahead of their turn (see readAhead), and
+	// aheadWindow is how many the next batch may hold (0: none yet).
+	ahead       *metaAhead
+	aheadWindow int
 
 	// lc is the connection's state on an event loop (--event-loop); the
 	// goroutine path takes the connection over with adopt.
@@ -326,8 +328,9 @@ func (c *conn) process() error {
 		start := c.rd.r
 		line, err := c.rd.line()
 		if err != nil {
-			// What was read ahead is for the lines read so far only.
-			c.ahead.drop()
+			// What was read ahead is for the lines read so far only,
+			// and an idle connection keeps no buffers for it.
+			c.ahead = nil
 			return err
 		}
 		if err := c.dispatch(line, start); err != nil {

@@ -20,12 +20,22 @@ import (
 // handled what it read, is dropped: a client never reads a value older
 // than a command it sent before.
 
-// aheadMax is the most mg fetched in one go, and aheadKeep the largest
-// buffer of a fetch kept for the next one.
+// How many mg are fetched in one go. The replies of a batch share one
+// upstream deadline, as a multi-get's values do, so a batch is sized to
+// hold about aheadBytes of values: the first of a connection holds
+// aheadFirst lines, and each next one as many as the values seen so far
+// fit, from 1 (nothing read ahead) to aheadMax. Pipelined reads of small
+// values go 64 at a time; of 1 MB values, one at a time, as before.
 const (
-	aheadMax  = 64
-	aheadKeep = 4096
+	aheadMax   = 64
+	aheadFirst = 8
+	aheadBytes = 256 << 10
 )
+
+// aheadKeep is the largest value buffer a fetch keeps for the next one
+// while the connection works; once it has handled what it read, it keeps
+// none (see process).
+const aheadKeep = 64 << 10
 
 // aheadFlags are the flags an mg read ahead may carry: none that writes
 // (N, T, R, E), or whose answer depends on the reads before it (h, l), or
@@ -64,7 +74,6 @@ func (a *metaAhead) drop() {
 		return
 	}
 	for _, call := range a.calls {
-		// An idle connection keeps small calls only, as shrink does.
 		if cap(call.Arena) <= aheadKeep && cap(call.Reply) <= aheadKeep && !call.Grown(aheadKeep) {
 			call.Reset()
 			a.pool = append(a.pool, call)
@@ -177,7 +186,10 @@ func (c *conn) readAhead(k string, srv *upstream.Server) {
 	a.add(srv, func(b []byte) []byte { return append(b, c.req...) })
 	codec := c.p.codec != nil
 	rest := c.rd.buf[c.rd.r:c.rd.w]
-	for len(a.calls) < aheadMax {
+	if c.aheadWindow == 0 {
+		c.aheadWindow = aheadFirst
+	}
+	for len(a.calls) < c.aheadWindow {
 		i := bytes.IndexByte(rest, '\n')
 		if i < 1 || rest[i-1] != '\r' {
 			break
@@ -222,6 +234,16 @@ func (c *conn) readAhead(k string, srv *upstream.Server) {
 		})
 	}
 	a.fetch()
+	// The next batch holds what about aheadBytes of values like these
+	// take.
+	size := 0
+	for _, call := range a.calls {
+		size += len(call.Arena)
+	}
+	c.aheadWindow = aheadMax
+	if size > 0 {
+		c.aheadWindow = min(max(aheadBytes*len(a.calls)/size, 1), aheadMax)
+	}
 }
 
 // takesKey is validKey without counting a refusal.

@@ -206,9 +206,51 @@ func TestMetaPipelinedReadsGoTogether(t *testing.T) {
 	if string(got) != want.String() {
 		t.Fatalf("replies\n%q\nwant\n%q", short(string(got)), short(want.String()))
 	}
-	// One batch led by the first mg, one more per further connection
-	// (--upstream-get-concurrency), and the rest together.
-	if n := srv.Requests() - before; n > 4 {
-		t.Errorf("%d upstream batches for %d pipelined mg, want at most 4", n, aheadMax)
+	// Two fetches: the connection's first holds aheadFirst mg, the next
+	// the rest. Each goes out in at most four batches with the test's
+	// --upstream-get-concurrency 2: one led by each of its first two mg,
+	// and the others in line behind them, handed the lead twice.
+	if n := srv.Requests() - before; n > 8 {
+		t.Errorf("%d upstream batches for %d pipelined mg, want at most 8", n, aheadMax)
+	}
+}
+
+// TestMetaReadAheadShrinksForLargeValues checks that pipelined mg of large
+// values are not fetched many at a time, so that their replies do not
+// share one upstream deadline: after a connection's first batch, whose
+// values are 300 KB each, the next mg go one at a time.
+func TestMetaReadAheadShrinksForLargeValues(t *testing.T) {
+	up := startMemcached(t)
+	p, addr := startProxy(t, testConfig(up))
+	lc := newLineClient(t, addr)
+	const n, size = 2 * aheadFirst, 300_000
+	v := strings.Repeat("v", size)
+	var req, want strings.Builder
+	for i := range n {
+		if r := lc.do(fmt.Sprintf("ms big%d %d\r\n%s\r\n", i, size, v)); r != "HD\r\n" {
+			t.Fatalf("ms: %q", r)
+		}
+		fmt.Fprintf(&req, "mg big%d v\r\n", i)
+		fmt.Fprintf(&want, "VA %d\r\n%s\r\n", size, v)
+	}
+	req.WriteString("mn\r\n")
+	want.WriteString("MN\r\n")
+	srv := p.upstreams().Servers[0]
+	before := srv.Requests()
+	lc.c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(lc.c, req.String()); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, want.Len())
+	if _, err := io.ReadFull(lc.br, got); err != nil {
+		t.Fatalf("reading the replies: %v", err)
+	}
+	if string(got) != want.String() {
+		t.Fatalf("replies %q, want %q", short(string(got)), short(want.String()))
+	}
+	// The first batch of aheadFirst goes out in at most four upstream
+	// batches; the aheadFirst after it, one each.
+	if n := srv.Requests() - before; n < aheadFirst+1 {
+		t.Errorf("%d upstream batches for %d pipelined mg of %d-byte values, want at least %d", n, 2*aheadFirst, size, aheadFirst+1)
 	}
 }
