@@ -1832,19 +1832,18 @@ func (s *loopSlot) answer() {
 	}
 	for i := range s.owners {
 		o := &s.owners[i]
-		block := o.block // memcached's, which a fill stores
+		src := o // the owner whose block answers: the same key named earlier, or o
 		if o.first > 0 {
-			o = &s.owners[o.first-1] // the same key, earlier
-			block = o.block
+			src = &s.owners[o.first-1]
 		}
-		if o.arenaEnd > 0 {
-			block = s.arena[o.arenaStart:o.arenaEnd:o.arenaEnd]
+		block := src.block // o.block stays memcached's, which a fill stores
+		if src.arenaEnd > 0 {
+			block = s.arena[src.arenaStart:src.arenaEnd:src.arenaEnd]
 		}
 		hit := block != nil
 		if hit {
 			s.out = append(s.out, block)
 		}
-		o = &s.owners[i]
 		st.recordKey(false, hit)
 		if o.tenant != nil {
 			o.tenant.requests.Add(1)

@@ -195,17 +195,7 @@ func TestMetaPipelinedReadsGoTogether(t *testing.T) {
 	want.WriteString("MN\r\n")
 	srv := p.upstreams().Servers[0]
 	before := srv.Requests()
-	lc.c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.WriteString(lc.c, req.String()); err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, want.Len())
-	if _, err := io.ReadFull(lc.br, got); err != nil {
-		t.Fatalf("reading the replies: %v (read %q)", err, short(string(got)))
-	}
-	if string(got) != want.String() {
-		t.Fatalf("replies\n%q\nwant\n%q", short(string(got)), short(want.String()))
-	}
+	exchangeExact(t, lc, req.String(), want.String())
 	// Two fetches: the connection's first holds aheadFirst mg, the next
 	// the rest. Each goes out in at most four batches with the test's
 	// --upstream-get-concurrency 2: one led by each of its first two mg,
@@ -237,20 +227,27 @@ func TestMetaReadAheadShrinksForLargeValues(t *testing.T) {
 	want.WriteString("MN\r\n")
 	srv := p.upstreams().Servers[0]
 	before := srv.Requests()
-	lc.c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(lc.c, req.String()); err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, want.Len())
-	if _, err := io.ReadFull(lc.br, got); err != nil {
-		t.Fatalf("reading the replies: %v", err)
-	}
-	if string(got) != want.String() {
-		t.Fatalf("replies %q, want %q", short(string(got)), short(want.String()))
-	}
+	exchangeExact(t, lc, req.String(), want.String())
 	// The first batch of aheadFirst goes out in at most four upstream
 	// batches; the aheadFirst after it, one each.
 	if n := srv.Requests() - before; n < aheadFirst+1 {
 		t.Errorf("%d upstream batches for %d pipelined mg of %d-byte values, want at least %d", n, 2*aheadFirst, size, aheadFirst+1)
+	}
+}
+
+// exchangeExact sends req in one write and checks that the replies are
+// want, byte for byte, read within 10 s.
+func exchangeExact(t *testing.T, lc *lineClient, req, want string) {
+	t.Helper()
+	lc.c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(lc.c, req); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(lc.br, got); err != nil {
+		t.Fatalf("reading the replies: %v (read %q)", err, short(string(got)))
+	}
+	if string(got) != want {
+		t.Fatalf("replies\n%q\nwant\n%q", short(string(got)), short(want))
 	}
 }
