@@ -74,7 +74,8 @@ func (a *metaAhead) drop() {
 		return
 	}
 	for _, call := range a.calls {
-		if cap(call.Arena) <= aheadKeep && cap(call.Reply) <= aheadKeep && !call.Grown(aheadKeep) {
+		// Grown counts keys and batched calls, not bytes: shrink's bound.
+		if cap(call.Arena) <= aheadKeep && cap(call.Reply) <= aheadKeep && !call.Grown(4096) {
 			call.Reset()
 			a.pool = append(a.pool, call)
 		}
