@@ -10,15 +10,20 @@ const numSteps = int(keyspace.StepWhole) + 1
 // that is memcached's own 250-byte limit; with them, 1 to
 // --key-max-client-length bytes. A refused key is counted by its reason.
 func (c *conn) validKey(key []byte) bool {
-	ks := c.p.keys
-	if ks == nil {
-		return len(key) <= keyMaxLength
-	}
-	ok, r := ks.Check(key)
-	if !ok {
+	ok, r := c.checkKey(key)
+	if !ok && c.p.keys != nil {
 		c.p.stats.keyRejected[r&7].Add(1)
 	}
 	return ok
+}
+
+// checkKey is validKey without counting a refusal: whether the proxy takes
+// key, and with key settings why not.
+func (c *conn) checkKey(key []byte) (bool, keyspace.Reason) {
+	if c.p.keys == nil {
+		return len(key) <= keyMaxLength, 0
+	}
+	return c.p.keys.Check(key)
 }
 
 // What a command asks resolve about a key besides its upstream key. A key

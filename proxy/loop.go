@@ -1445,9 +1445,16 @@ func (u *loopUpstream) dropped(r *loopReq) {
 	s := r.slot
 	u.ls.putReq(r)
 	if s != nil {
-		if s.pending--; s.pending == 0 {
-			s.client.written()
-		}
+		s.release()
+	}
+}
+
+// release ends one thing the slot's made reply waits for (a request whose
+// reply is dropped, or the making of the reply itself), and writes the
+// replies that are ready once nothing is left.
+func (s *loopSlot) release() {
+	if s.pending--; s.pending == 0 {
+		s.client.written()
 	}
 }
 
@@ -1576,9 +1583,7 @@ func (s *loopSlot) finish() {
 	// Only what the client got as a hit is filled: answer made a refused
 	// envelope a miss.
 	filled := s.fill()
-	if s.pending--; s.pending == 0 {
-		lc.written()
-	}
+	s.release()
 	if filled {
 		// The client's reply is written first: a fill costs it no time.
 		for _, u := range lc.ls.ups {
@@ -1653,9 +1658,7 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 	}
 	// The reply goes once the writes bringing other zones in line are
 	// answered too (see alignZone).
-	if s.pending--; s.pending == 0 {
-		s.client.written()
-	}
+	s.release()
 }
 
 // match points each asked key of r at its VALUE block: memcached answers

@@ -217,7 +217,7 @@ func (c *conn) readAhead(k string, srv *upstream.Server) {
 		}
 		m := &a.req
 		parseMeta(m, words, c.p.keys == nil)
-		if !aheadable(m) || !c.takesKey(m.key) {
+		if ok, _ := c.checkKey(m.key); !aheadable(m) || !ok {
 			break
 		}
 		m.rk = c.lookup(m.key, needTenant)
@@ -245,13 +245,4 @@ func (c *conn) readAhead(k string, srv *upstream.Server) {
 	if size > 0 {
 		c.aheadWindow = min(max(aheadBytes*len(a.calls)/size, 1), aheadMax)
 	}
-}
-
-// takesKey is validKey without counting a refusal.
-func (c *conn) takesKey(key []byte) bool {
-	if c.p.keys == nil {
-		return len(key) <= keyMaxLength
-	}
-	ok, _ := c.p.keys.Check(key)
-	return ok
 }
