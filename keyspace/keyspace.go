@@ -1,6 +1,9 @@
 package keyspace
 
-import "math/bits"
+import (
+	"bytes"
+	"math/bits"
+)
 
 // Hash lengths in base64 characters: a segment token keeps 96 bits of
 // blake2b-256, the whole-key hash all 256.
@@ -90,7 +93,19 @@ func (k *Keyspace) find(key []byte, m *match) *pattern {
 	if len(key) == 0 {
 		return nil
 	}
+	pipe := 0 // whether key holds a '|': 1 yes, -1 no, 0 not looked yet
 	for _, p := range k.byFirst[key[0]] {
+		if p.pipe {
+			if pipe == 0 {
+				pipe = -1
+				if bytes.IndexByte(key, '|') >= 0 {
+					pipe = 1
+				}
+			}
+			if pipe < 0 {
+				continue
+			}
+		}
 		if p.matchKey(key, m) {
 			return p
 		}

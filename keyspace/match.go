@@ -20,10 +20,23 @@ type Match struct {
 // Match matches key against the key schemes once. key must have passed
 // Check, and must not change while the Match is in use.
 func (k *Keyspace) Match(key []byte) Match {
-	m := Match{k: k, key: key}
-	m.p = k.find(key, &m.seg)
+	var m Match
+	k.MatchInto(&m, key)
 	return m
 }
+
+// MatchInto is Match into m, which it overwrites: a caller that keeps one
+// Match for every key it handles neither clears nor copies its segments
+// each time.
+func (k *Keyspace) MatchInto(m *Match, key []byte) {
+	m.k, m.key = k, key
+	m.seg.checked, m.seg.keepOK = 0, 0
+	m.p = k.find(key, &m.seg)
+}
+
+// Forget lets go of the key, so that a Match kept for the next key does
+// not hold the memory the last one was in.
+func (m *Match) Forget() { m.k, m.key, m.p = nil, nil, nil }
 
 // Scheme returns the scheme of the pattern the key matched, and false if
 // it matched none: the answer of SchemeOf.

@@ -145,3 +145,29 @@ func BenchmarkKeyQuestions(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMatchTenant measures what every key of a get pays with the
+// per-tenant metrics on: one Match, asked for the tenant. Most keys of a
+// store-gateway match a scheme; a key of another client matches none, and
+// the patterns that start with a placeholder try it all the same.
+func BenchmarkMatchTenant(b *testing.B) {
+	k := newKeyspace(b, nil)
+	for _, bc := range []struct {
+		name string
+		key  []byte
+	}{
+		{"mimir-p2", []byte("P2:tenant-1:" + blockA + ":am9iOmFwaQ")},
+		{"no-scheme", []byte("lg:0000012345")},
+		{"cross-tenant", []byte("1@QS:team_a|team_b:" + blockA)},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				m := k.Match(bc.key)
+				if m.Tenant() == nil && bc.name != "no-scheme" {
+					b.Fatal("no tenant")
+				}
+			}
+		})
+	}
+}

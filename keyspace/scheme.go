@@ -60,6 +60,7 @@ type pattern struct {
 	holes      int
 	litLen     int
 	tenantMask uint16 // holes hashed at step 1
+	pipe       bool   // a {tenants} hole: only keys with a '|' match
 	hashOrder  []int  // holes hashed at step 2, one after another
 }
 
@@ -169,6 +170,7 @@ func parsePattern(text string) (*pattern, error) {
 			h.kind = holeTenant
 		case "tenants":
 			h.kind = holeTenants
+			p.pipe = true
 		case "ulid":
 			h.kind = holeULID
 		default:

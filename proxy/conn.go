@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"mcsidecar/keyspace"
 	"mcsidecar/proxy/internal/sockio"
 	"mcsidecar/proxy/tier"
 	"mcsidecar/proxy/upstream"
@@ -79,6 +80,8 @@ type conn struct {
 	enc, dec, tmp, raw, keyBuf []byte
 	// upBuf holds the rewritten upstream key of the key being handled.
 	upBuf []byte
+	// match is where the key being handled matched the key schemes.
+	match keyspace.Match
 
 	// mst is the state of meta commands, made by the first one: most
 	// connections never send one, and an idle connection stays small.

@@ -104,7 +104,8 @@ func (c *conn) lookup(key []byte, need uint8) resolvedKey {
 	if !rewrite && !postings && !tenant && need&needImmutable == 0 {
 		return r
 	}
-	m := ks.Match(key)
+	m := &c.match
+	ks.MatchInto(m, key)
 	if tenant {
 		r.tenant = m.Tenant()
 	}
@@ -120,5 +121,6 @@ func (c *conn) lookup(key []byte, need uint8) resolvedKey {
 		c.upBuf = out
 		r.up, r.bound, r.rewrite = out, true, c.p.schemeIndex[scheme]*numSteps+int(step)
 	}
+	m.Forget()
 	return r
 }
