@@ -22,26 +22,50 @@ package netpoll
 
 import (
 	"runtime"
+	"sync/atomic"
 	"time"
 )
 
 // yieldEvery is how often, at most, a poller that finds nothing ready
-// yields to the Go scheduler before it blocks in epoll_wait.
+// yields to the Go scheduler before it blocks in epoll_wait, while
+// GOMAXPROCS leaves a P to spare.
 //
-// Published gnet yields every time. When GOMAXPROCS leaves a P idle, each
-// runtime.Gosched wakes a thread to run that P (golang/go#13527); it finds
-// nothing to do and sleeps again, and the loop's goroutine may move to it:
-// two futex calls and two context switches each time the loop falls idle,
-// many thousand times a second under load. Blocking in epoll_wait gives the
-// P up anyway. Yielding now and then still lets the scheduler see the loop
+// Published gnet yields every time. When a P is idle, each runtime.Gosched
+// wakes a thread to run it (golang/go#13527); the thread finds nothing to
+// do and sleeps again, and the loop's goroutine may move to it: two futex
+// calls and two context switches each time the loop falls idle, many
+// thousand times a second under load. Blocking in epoll_wait gives the P
+// up anyway. Yielding now and then still lets the scheduler see the loop
 // go through it, so that sysmon does not take its P away every 10 ms as
 // from a goroutine that never yields.
+//
+// The price is paid by goroutines the loop makes runnable (a channel send
+// to one waiting for it): the loop's P holds them, and while it blocks
+// they wait for the spare P's thread to take them, or for sysmon.
 const yieldEvery = 5 * time.Millisecond
 
-// idleYield yields at most once every yieldEvery.
+// pollers counts the pollers polling in the process.
+var pollers atomic.Int32
+
+// idleYield is what one poller does before it blocks.
 type idleYield struct{ last time.Time }
 
+func pollingStarts() *idleYield {
+	pollers.Add(1)
+	return &idleYield{}
+}
+
+func (y *idleYield) stops() { pollers.Add(-1) }
+
+// beforeBlocking yields every time when every P may be running a poller,
+// as published gnet does: no thread is woken then, and what the loop made
+// runnable runs before it blocks. Otherwise it yields at most once every
+// yieldEvery.
 func (y *idleYield) beforeBlocking() {
+	if runtime.GOMAXPROCS(0) <= int(pollers.Load()) {
+		runtime.Gosched()
+		return
+	}
 	if now := time.Now(); now.Sub(y.last) >= yieldEvery {
 		y.last = now
 		runtime.Gosched()

@@ -12,9 +12,9 @@
 // See the License for the specific language governing permissions and
 // limitations under the License.
 //
-// Modified by the mcsidecar authors in 2026: Polling yields to the Go
-// scheduler at most every few milliseconds before it blocks, not every time
-// (idle_yield_linux.go).
+// Modified by the mcsidecar authors in 2026: while GOMAXPROCS leaves a P
+// to spare, Polling yields to the Go scheduler at most every few
+// milliseconds before it blocks, not every time (idle_yield_linux.go).
 
 //go:build linux && poll_opt
 
@@ -121,7 +121,8 @@ func (p *Poller) Polling() error {
 	var doChores bool
 
 	msec := -1
-	var yield idleYield // mcsidecar: see idle_yield_linux.go
+	yield := pollingStarts() // mcsidecar: see idle_yield_linux.go
+	defer yield.stops()
 	for {
 		n, err := epollWait(p.fd, el.events, msec)
 		if n == 0 || (n < 0 && err == unix.EINTR) {
