@@ -32,6 +32,12 @@ func matchKeyspaces(t testing.TB) []*Keyspace {
 func checkMatch(t testing.TB, k *Keyspace, key []byte) {
 	t.Helper()
 	m := k.Match(key)
+	checkAnswers(t, k, key, &m)
+}
+
+// checkAnswers is checkMatch for a Match m already made of key.
+func checkAnswers(t testing.TB, k *Keyspace, key []byte, m *Match) {
+	t.Helper()
 	out, step, scheme := m.AppendRewrite(nil)
 	wantOut, wantStep, wantScheme := k.AppendRewrite(nil, key)
 	if !bytes.Equal(out, wantOut) || step != wantStep || scheme != wantScheme {
@@ -99,9 +105,18 @@ func TestOneMatchAnswersAsTheSeparateCalls(t *testing.T) {
 	}
 	for i, k := range matchKeyspaces(t) {
 		t.Run("settings "+strconv.Itoa(i), func(t *testing.T) {
-			for _, key := range keys {
+			// One Match kept for every key, as a connection keeps one,
+			// goes from key to key with what the last left in it: the
+			// rewrite, asked first, notes which segments fit.
+			var kept Match
+			for j, key := range keys {
 				if ok, _ := k.Check(key); ok {
 					checkMatch(t, k, key)
+					k.MatchInto(&kept, key)
+					checkAnswers(t, k, key, &kept)
+					if j%2 == 0 {
+						kept.Forget()
+					}
 				}
 			}
 		})
@@ -147,7 +162,8 @@ func BenchmarkKeyQuestions(b *testing.B) {
 }
 
 // BenchmarkMatchTenant measures what every key of a get pays with the
-// per-tenant metrics on: one Match, asked for the tenant. Most keys of a
+// per-tenant metrics on: one match into the Match it keeps, asked for the
+// tenant. Most keys of a
 // store-gateway match a scheme; a key of another client matches none, and
 // the patterns that start with a placeholder try it all the same.
 func BenchmarkMatchTenant(b *testing.B) {
@@ -161,12 +177,14 @@ func BenchmarkMatchTenant(b *testing.B) {
 		{"cross-tenant", []byte("1@QS:team_a|team_b:" + blockA)},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
+			var m Match // kept, as a connection keeps one
 			b.ReportAllocs()
 			for b.Loop() {
-				m := k.Match(bc.key)
+				k.MatchInto(&m, bc.key)
 				if m.Tenant() == nil && bc.name != "no-scheme" {
 					b.Fatal("no tenant")
 				}
+				m.Forget()
 			}
 		})
 	}
