@@ -247,8 +247,7 @@ func (c *conn) serveReady(rc syscall.RawConn) error {
 			done = true
 			return true
 		}
-		c.putWriter()
-		c.rd.park()
+		c.park()
 		switch {
 		case lingering:
 			c.nc.SetReadDeadline(c.lingerUntil())
@@ -312,8 +311,7 @@ func (c *conn) serveBlocking() error {
 		if err := c.flush(); err != nil {
 			return err
 		}
-		c.putWriter()
-		c.rd.park()
+		c.park()
 		c.busy.Store(false)
 		err = c.rd.fill()
 		c.markBusy()
@@ -321,6 +319,14 @@ func (c *conn) serveBlocking() error {
 			return err
 		}
 	}
+}
+
+// park lets go of the buffers a connection that is about to wait for its
+// client needs only while it works: an idle connection keeps none.
+func (c *conn) park() {
+	c.putWriter()
+	c.rd.park()
+	c.ahead = nil
 }
 
 // process handles every request that has arrived whole. It returns
@@ -331,9 +337,10 @@ func (c *conn) process() error {
 		start := c.rd.r
 		line, err := c.rd.line()
 		if err != nil {
-			// What was read ahead is for the lines read so far only,
-			// and an idle connection keeps no buffers for it.
-			c.ahead = nil
+			// What was read ahead is for the lines read so far only.
+			// Its buffers stay for the next read, until the connection
+			// waits (see park).
+			c.ahead.drop()
 			return err
 		}
 		if err := c.dispatch(line, start); err != nil {

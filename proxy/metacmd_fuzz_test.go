@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"encoding/base64"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -257,7 +258,9 @@ func metaFuzzRequest(input []byte, withoutDebug bool) []byte {
 // BenchmarkMetaEndToEnd measures a meta get and a meta set of a 1 KiB
 // value through the proxy beside the classic get and set, one connection,
 // one request at a time: what the meta path (its own parse, the reply
-// rebuilt in the client's flag order) costs over the classic one.
+// rebuilt in the client's flag order) costs over the classic one. mg1000
+// is a meta client's pipelined read: 1000 mg of distinct keys, then mn, more
+// than one read of the connection's buffer takes.
 func BenchmarkMetaEndToEnd(b *testing.B) {
 	mc := startMemcached(b)
 	_, px := startProxy(b, testConfig(mc))
@@ -265,11 +268,22 @@ func BenchmarkMetaEndToEnd(b *testing.B) {
 	if err := newRawClient(b, mc).roundTrip([]byte("set bench:key 0 0 1024\r\n"+value+"\r\n"), "STORED"); err != nil {
 		b.Fatal(err)
 	}
+	var sets, mgs strings.Builder
+	for i := range 1000 {
+		fmt.Fprintf(&sets, "set bench:k%d 0 0 100 noreply\r\n%s\r\n", i, value[:100])
+		fmt.Fprintf(&mgs, "mg bench:k%d v f\r\n", i)
+	}
+	sets.WriteString("mn\r\n")
+	mgs.WriteString("mn\r\n")
+	if err := newRawClient(b, mc).roundTrip([]byte(sets.String()), "MN"); err != nil {
+		b.Fatal(err)
+	}
 	for _, op := range []struct{ name, req, end string }{
 		{"get", "get bench:key\r\n", "END"},
 		{"mg", "mg bench:key v f t O1\r\nmn\r\n", "MN"},
 		{"set", "set bench:key 0 0 1024\r\n" + value + "\r\n", "STORED"},
 		{"ms", "ms bench:key 1024 T0 F0 O1\r\n" + value + "\r\n", "HD"},
+		{"mg1000", mgs.String(), "MN"},
 	} {
 		b.Run(op.name, func(b *testing.B) { benchRoundTrips(b, px, []byte(op.req), op.end) })
 	}

@@ -205,6 +205,41 @@ func TestMetaPipelinedReadsGoTogether(t *testing.T) {
 	}
 }
 
+// TestMetaReadAheadKeepsNothingIdle checks that a connection that read a
+// pipeline of mg ahead, across more than one read of its buffer, keeps
+// none of the read-ahead buffers once it waits for its client.
+func TestMetaReadAheadKeepsNothingIdle(t *testing.T) {
+	up := startMemcached(t)
+	p, addr := startProxy(t, testConfig(up))
+	lc := newLineClient(t, addr)
+	var req, want strings.Builder
+	for i := range 1000 { // about 19 KB of mg lines: more than one read
+		fmt.Fprintf(&req, "mg idle%d v k q\r\n", i)
+	}
+	req.WriteString("mn\r\n")
+	want.WriteString("MN\r\n")
+	exchangeExact(t, lc, req.String(), want.String())
+	p.mu.Lock()
+	var c *conn
+	for x := range p.conns {
+		c = x
+	}
+	p.mu.Unlock()
+	if c == nil {
+		t.Fatal("no connection")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for c.busy.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("the connection never waited for its client")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if c.ahead != nil { // written before busy went false
+		t.Error("an idle connection keeps its read-ahead state")
+	}
+}
+
 // TestMetaReadAheadShrinksForLargeValues checks that pipelined mg of large
 // values are not fetched many at a time, so that their replies do not
 // share one upstream deadline: after a connection's first batch, whose
