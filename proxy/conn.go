@@ -397,10 +397,14 @@ func remoteOf(nc net.Conn) string {
 	return ""
 }
 
+// shrinkKeep bounds the entries of a per-request slice (words, keys, a
+// call's keys and batches) that a connection keeps for the next request.
+const shrinkKeep = 4096
+
 // shrink lets go of per-request buffers that one unusually large request
 // grew, so an idle connection holds little memory.
 func (c *conn) shrink() {
-	const keep = 4096
+	const keep = shrinkKeep
 	if cap(c.words) > keep {
 		c.words = make([][]byte, 0, maxTokens)
 	}

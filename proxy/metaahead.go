@@ -33,8 +33,8 @@ const (
 )
 
 // aheadKeep is the largest value buffer a fetch keeps for the next one
-// while the connection works; once it has handled what it read, it keeps
-// none (see process).
+// while the connection works; once it waits for its client, it keeps
+// none (see conn.park).
 const aheadKeep = 64 << 10
 
 // aheadFlags are the flags an mg read ahead may carry: none that writes
@@ -75,7 +75,7 @@ func (a *metaAhead) drop() {
 	}
 	for _, call := range a.calls {
 		// Grown counts keys and batched calls, not bytes: shrink's bound.
-		if cap(call.Arena) <= aheadKeep && cap(call.Reply) <= aheadKeep && !call.Grown(4096) {
+		if cap(call.Arena) <= aheadKeep && cap(call.Reply) <= aheadKeep && !call.Grown(shrinkKeep) {
 			call.Reset()
 			a.pool = append(a.pool, call)
 		}
