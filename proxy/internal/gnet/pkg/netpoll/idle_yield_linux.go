@@ -48,7 +48,14 @@ const yieldEvery = 5 * time.Millisecond
 var pollers atomic.Int32
 
 // idleYield is what one poller does before it blocks.
-type idleYield struct{ last time.Time }
+type idleYield struct {
+	last time.Time // when it last yielded
+	// every: yield every time nothing is ready, as published gnet does.
+	// That is right while every P may be running a poller: no thread is
+	// woken by a yield then, and what the loop made runnable runs before
+	// it blocks. Read again at each yield: runtime.GOMAXPROCS takes a lock.
+	every bool
+}
 
 func pollingStarts() *idleYield {
 	pollers.Add(1)
@@ -57,17 +64,27 @@ func pollingStarts() *idleYield {
 
 func (y *idleYield) stops() { pollers.Add(-1) }
 
-// beforeBlocking yields every time when every P may be running a poller,
-// as published gnet does: no thread is woken then, and what the loop made
-// runnable runs before it blocks. Otherwise it yields at most once every
-// yieldEvery.
+// afterEvents is the timeout of the poller's epoll_wait once it has handled
+// what was ready. Published gnet polls once more without waiting (0), to
+// yield before it blocks when nothing is; that is done here when a yield is
+// due. Otherwise the call waits (-1): it returns at once with what is
+// ready and blocks when nothing is, so the poll that would find nothing, a
+// system call each time the loop falls idle, is not made.
+func (y *idleYield) afterEvents() int {
+	if y.every || time.Since(y.last) >= yieldEvery {
+		return 0
+	}
+	return -1
+}
+
+// beforeBlocking yields every time when every says so, and otherwise at
+// most once every yieldEvery.
 func (y *idleYield) beforeBlocking() {
-	if runtime.GOMAXPROCS(0) <= int(pollers.Load()) {
-		runtime.Gosched()
+	now := time.Now()
+	if !y.every && now.Sub(y.last) < yieldEvery {
 		return
 	}
-	if now := time.Now(); now.Sub(y.last) >= yieldEvery {
-		y.last = now
-		runtime.Gosched()
-	}
+	y.last = now
+	y.every = runtime.GOMAXPROCS(0) <= int(pollers.Load())
+	runtime.Gosched()
 }

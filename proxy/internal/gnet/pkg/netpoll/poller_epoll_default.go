@@ -15,7 +15,8 @@
 //
 // Modified by the mcsidecar authors in 2026: while GOMAXPROCS leaves a P
 // to spare, Polling yields to the Go scheduler at most every few
-// milliseconds before it blocks, not every time (idle_yield_linux.go).
+// milliseconds before it blocks, not every time, and between yields it
+// does not poll without waiting before it waits (idle_yield_linux.go).
 
 //go:build linux && !poll_opt
 
@@ -132,7 +133,7 @@ func (p *Poller) Polling(callback PollEventHandler) error {
 			logging.Errorf("error occurs in epoll: %v", os.NewSyscallError("epoll_wait", err))
 			return err
 		}
-		msec = 0
+		msec = yield.afterEvents()
 
 		for i := 0; i < n; i++ {
 			ev := &el.events[i]
