@@ -109,6 +109,7 @@ type loopState struct {
 	l       *eventLoops
 	el      gnet.EventLoop
 	ups     map[*upstream.Server]*loopUpstream
+	upList  []*loopUpstream // ups' values, which each client read flushes
 	clients map[*loopClient]struct{}
 	slots   []*loopSlot
 	reqs    []*loopReq
@@ -593,6 +594,7 @@ func (ls *loopState) check() {
 			// asked of it before is answered.
 			u.abort(net.ErrClosed)
 			delete(ls.ups, srv)
+			ls.upList = slices.DeleteFunc(ls.upList, func(x *loopUpstream) bool { return x == u })
 		case u.sent > 0 && now.Sub(u.q.front().began) > p.cfg.Timeout:
 			// The oldest request written was not answered in time: the
 			// timeout bounds every upstream request, however its reply
@@ -765,7 +767,7 @@ func (lc *loopClient) process() {
 		handle(lc.gc, lc.tls, off)
 		lc.last = lc.ls.now
 	}
-	for _, u := range lc.ls.ups {
+	for _, u := range lc.ls.upList {
 		u.flush()
 	}
 	lc.inProcess = false
@@ -1306,6 +1308,7 @@ func (ls *loopState) upstream(srv *upstream.Server) *loopUpstream {
 	if u == nil {
 		u = &loopUpstream{ls: ls, srv: srv}
 		ls.ups[srv] = u
+		ls.upList = append(ls.upList, u)
 	}
 	return u
 }
@@ -1586,7 +1589,7 @@ func (s *loopSlot) finish() {
 	s.release()
 	if filled {
 		// The client's reply is written first: a fill costs it no time.
-		for _, u := range lc.ls.ups {
+		for _, u := range lc.ls.upList {
 			u.flush()
 		}
 	}
