@@ -13,8 +13,9 @@
 // limitations under the License.
 
 // This file is not part of gnet as published: mcsidecar added it, and the
-// epoll pollers call it where they called runtime.Gosched. See README.md
-// at the root of this copy.
+// epoll pollers call it where they called runtime.Gosched, and for the
+// timeout of their epoll_wait once they have handled events, which was 0.
+// See README.md at the root of this copy.
 
 //go:build linux
 
