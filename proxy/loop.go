@@ -553,6 +553,18 @@ func (l *eventLoops) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	return nil, gnet.None
 }
 
+// ReadInto has a long value from memcached read straight into the buffer
+// its reply is gathered in (see replyScan.room), instead of into gnet's
+// read buffer and copied from there. Not over TLS, whose records are
+// read whole, nor while gnet holds bytes of the reply, which come first.
+func (l *eventLoops) ReadInto(gc gnet.Conn) []byte {
+	u, ok := gc.Context().(*loopUpstream)
+	if !ok || u.gc != gc || u.tls != nil || u.sent == 0 || gc.InboundBuffered() > 0 {
+		return nil
+	}
+	return u.scan.room()
+}
+
 func (l *eventLoops) OnTraffic(gc gnet.Conn) gnet.Action {
 	switch x := gc.Context().(type) {
 	case *loopClient:
@@ -2008,6 +2020,33 @@ type replyScan struct {
 
 func (r *replyScan) reset() { r.acc, r.line, r.need, r.mg = r.acc[:0], 0, 0, 0 }
 
+// loopDirectMin is the least of a value still to come that the loop reads
+// straight into the buffer its reply is gathered in, rather than into
+// gnet's read buffer, from which it would copy it; loopDirectMax the most
+// one read takes so. Below gnet's own read size, reading only the value
+// would take more reads when replies come back to back.
+const (
+	loopDirectMin = loopReadBuffer
+	loopDirectMax = 4 * loopReadBuffer
+)
+
+// room returns where the next bytes of a long value go, for a read straight
+// into place, or nil while no long value is being read.
+func (r *replyScan) room() []byte {
+	if r.need < loopDirectMin {
+		return nil
+	}
+	n := min(r.need, loopDirectMax)
+	r.acc = slices.Grow(r.acc, n)
+	return r.acc[len(r.acc) : len(r.acc)+n]
+}
+
+// inPlace reports whether data begins where acc ends: read there by room.
+func (r *replyScan) inPlace(data []byte) bool {
+	n := len(r.acc)
+	return len(data) > 0 && cap(r.acc) > n && &r.acc[:n+1][n] == &data[0]
+}
+
 // feed takes bytes of req's reply from data. It returns how many it took,
 // whether the reply is whole, and whether it breaks the protocol.
 func (r *replyScan) feed(data []byte, req *loopReq) (took int, whole, bad bool) {
@@ -2015,7 +2054,11 @@ func (r *replyScan) feed(data []byte, req *loopReq) (took int, whole, bad bool) 
 	for took < len(data) {
 		if r.need > 0 {
 			n := min(r.need, len(data)-took)
-			r.acc = append(r.acc, data[took:took+n]...)
+			if r.inPlace(data[took:]) {
+				r.acc = r.acc[:len(r.acc)+n] // read into place (room)
+			} else {
+				r.acc = append(r.acc, data[took:took+n]...)
+			}
 			took += n
 			if r.need -= n; r.need > 0 {
 				return took, false, false

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -1298,4 +1299,147 @@ func TestEventLoopDeleteOfDamagedItemFailingAtOnce(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReplyScanReadsLongValuesInPlace feeds a reply scan a long value the
+// way the loop reads one: the header through gnet's buffer, then the value
+// read straight into the room the scan gives, in uneven pieces, then the
+// rest of the reply through gnet's buffer again. What it gathers is the
+// reply, byte for byte; bytes that arrive elsewhere are copied, not taken
+// as if they were in place.
+func TestReplyScanReadsLongValuesInPlace(t *testing.T) {
+	const size = 3*loopDirectMax/2 + 7
+	value := make([]byte, size)
+	for i := range value {
+		value[i] = byte('a' + i%23)
+	}
+	head := fmt.Sprintf("VALUE k 0 %d\r\n", size)
+	whole := head + string(value) + "\r\nEND\r\n"
+	req := &loopReq{}
+	for _, tc := range []struct {
+		name   string
+		pieces []int // bytes of the value and its CRLF per read
+		place  bool  // read into room; otherwise from a buffer of gnet's
+	}{
+		{"in place, one piece a room", nil, true},
+		{"in place, uneven pieces", []int{1, 4095, loopDirectMin + 3, 100000}, true},
+		{"copied from elsewhere", []int{1, 70000, loopDirectMax + 9}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r replyScan
+			if n, whole, bad := r.feed([]byte(head), req); n != len(head) || whole || bad {
+				t.Fatalf("header: took %d, whole %v, bad %v", n, whole, bad)
+			}
+			rest := append(slices.Clone(value), "\r\n"...)
+			for i := 0; len(rest) > 0; i++ {
+				room := r.room()
+				if r.need >= loopDirectMin {
+					if len(room) != min(r.need, loopDirectMax) {
+						t.Fatalf("room of %d bytes with %d to come", len(room), r.need)
+					}
+				} else if room != nil {
+					t.Fatalf("room of %d bytes with only %d to come", len(room), r.need)
+				}
+				n := len(rest)
+				if i < len(tc.pieces) {
+					n = min(n, tc.pieces[i])
+				}
+				var data []byte
+				if tc.place && room != nil {
+					n = min(n, len(room))
+					data = room[:copy(room, rest[:n])]
+				} else {
+					data = slices.Clone(rest[:n])
+				}
+				if got, whole, bad := r.feed(data, req); got != n || whole || bad {
+					t.Fatalf("read %d: took %d of %d, whole %v, bad %v", i, got, n, whole, bad)
+				}
+				rest = rest[n:]
+			}
+			if n, whole, bad := r.feed([]byte("END\r\n"), req); n != 5 || !whole || bad {
+				t.Fatalf("END: took %d, whole %v, bad %v", n, whole, bad)
+			}
+			if string(r.acc) != whole {
+				t.Fatalf("gathered %d bytes, not the %d of the reply", len(r.acc), len(whole))
+			}
+		})
+	}
+}
+
+// TestEventLoopLongValuesFromATricklingServer has a server answer gets of
+// long values in uneven pieces, two replies at a time in one write when
+// two clients asked together: each client gets its own value, whole, and
+// the reply after a long value is not taken for part of it.
+func TestEventLoopLongValuesFromATricklingServer(t *testing.T) {
+	value := func(key string, n int) string {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = key[len(key)-1] + byte(i%7)
+		}
+		return string(b)
+	}
+	sizes := map[string]int{"k1": 700 << 10, "k2": loopDirectMin + 1, "k3": 5000, "k4": 2<<20 - 1000}
+	fake, _ := fakeUpstream(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		pieces := []int{1, 3, 64 << 10, 300000, 17, 1 << 20}
+		p := 0
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				return
+			}
+			var out string
+			for {
+				key, ok := strings.CutPrefix(strings.TrimSpace(line), "get ")
+				if !ok {
+					out += "ERROR\r\n"
+				} else {
+					v := value(key, sizes[key])
+					out += fmt.Sprintf("VALUE %s 0 %d\r\n%s\r\nEND\r\n", key, len(v), v)
+				}
+				if br.Buffered() == 0 {
+					break
+				}
+				if line, err = br.ReadString('\n'); err != nil {
+					return
+				}
+			}
+			for len(out) > 0 {
+				n := min(len(out), pieces[p%len(pieces)])
+				p++
+				if _, err := io.WriteString(c, out[:n]); err != nil {
+					return
+				}
+				out = out[n:]
+				time.Sleep(time.Millisecond)
+			}
+		}
+	})
+	cfg := loopConfig(fake)
+	cfg.MaxItemSize = 4 << 20
+	cfg.Timeout = 10 * time.Second
+	_, addr := startProxy(t, cfg)
+	var wg sync.WaitGroup
+	for _, key := range []string{"k1", "k2", "k3", "k4"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := dial(t, addr)
+			c.SetDeadline(time.Now().Add(20 * time.Second))
+			for i := range 3 {
+				v := value(key, sizes[key])
+				want := fmt.Sprintf("VALUE %s 0 %d\r\n%s\r\nEND\r\n", key, len(v), v)
+				if _, err := io.WriteString(c, "get "+key+"\r\n"); err != nil {
+					t.Error(err)
+					return
+				}
+				got := make([]byte, len(want))
+				if _, err := io.ReadFull(c, got); err != nil || string(got) != want {
+					t.Errorf("get %s, time %d: %.60q (%v)", key, i, got, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -11,6 +11,9 @@
 // WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 // See the License for the specific language governing permissions and
 // limitations under the License.
+//
+// Modified by the mcsidecar authors in 2026: read reads into the buffer
+// the event handler gives, when it gives one (read_into.go).
 
 //go:build darwin || dragonfly || freebsd || linux || netbsd || openbsd
 
@@ -260,7 +263,13 @@ func (el *eventloop) read(c *conn) error {
 	isET := el.engine.opts.EdgeTriggeredIO
 	chunk := el.engine.opts.EdgeTriggeredIOChunk
 loop:
-	n, err := unix.Read(c.fd, el.buffer)
+	buf := el.buffer // mcsidecar: or the handler's (read_into.go)
+	if h, ok := el.eventHandler.(ReadIntoer); ok {
+		if b := h.ReadInto(c); len(b) > 0 {
+			buf = b
+		}
+	}
+	n, err := unix.Read(c.fd, buf)
 	if err != nil || n == 0 {
 		if err == unix.EAGAIN {
 			return nil
@@ -272,7 +281,7 @@ loop:
 	}
 	recv += n
 
-	c.buffer = el.buffer[:n]
+	c.buffer = buf[:n]
 	action := el.eventHandler.OnTraffic(c)
 	switch action {
 	case None:
@@ -292,7 +301,7 @@ loop:
 	// we need to set up threshold for the maximum read bytes per connection
 	// on each event-loop. If the threshold is reached and there are still
 	// unread data in the socket buffer, we must issue another read event manually.
-	if isET && n == len(el.buffer) {
+	if isET && n == len(buf) {
 		return el.poller.Trigger(queue.LowPriority, el.read0, c)
 	}
 
