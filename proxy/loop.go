@@ -562,7 +562,11 @@ func (l *eventLoops) ReadInto(gc gnet.Conn) []byte {
 	if !ok || u.gc != gc || u.tls != nil || u.sent == 0 || gc.InboundBuffered() > 0 {
 		return nil
 	}
-	return u.scan.room()
+	room := u.scan.room()
+	if room != nil {
+		l.p.stats.readsInPlace.Add(1)
+	}
+	return room
 }
 
 func (l *eventLoops) OnTraffic(gc gnet.Conn) gnet.Action {
@@ -2037,7 +2041,9 @@ func (r *replyScan) room() []byte {
 		return nil
 	}
 	n := min(r.need, loopDirectMax)
-	r.acc = slices.Grow(r.acc, n)
+	// A little more than the value, so that the END after it does not
+	// move the whole of it to a larger array.
+	r.acc = slices.Grow(r.acc, n+len(replyEnd))
 	return r.acc[len(r.acc) : len(r.acc)+n]
 }
 

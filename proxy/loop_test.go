@@ -819,8 +819,14 @@ func dialSmallWindow(t *testing.T, addr string) net.Conn {
 func TestEventLoopLongRepliesInOrder(t *testing.T) {
 	cfg := loopConfig(startMemcached(t))
 	cfg.Timeout = 10 * time.Second // 54 MB of replies, under the race detector too
-	_, addr := startProxy(t, cfg)
+	p, addr := startProxy(t, cfg)
 	want := setBig(t, addr, 900<<10)
+	// Most of a 900 KB value's rest is read straight into place.
+	defer func() {
+		if p.stats.readsInPlace.Load() == 0 {
+			t.Error("no value was read straight into place")
+		}
+	}()
 	check := func(t *testing.T, c net.Conn, gets int, pause func(i int)) {
 		for i := 0; i <= gets; i++ {
 			w := want
@@ -1316,6 +1322,13 @@ func TestReplyScanReadsLongValuesInPlace(t *testing.T) {
 	head := fmt.Sprintf("VALUE k 0 %d\r\n", size)
 	whole := head + string(value) + "\r\nEND\r\n"
 	req := &loopReq{}
+
+	// The room leaves space for the END after the value, however much the
+	// buffer had: the value is not moved to a larger array for 5 bytes.
+	tight := replyScan{acc: make([]byte, 10, 10+loopDirectMin), need: loopDirectMin}
+	if room := tight.room(); len(room) != loopDirectMin || cap(tight.acc)-10-len(room) < len(replyEnd) {
+		t.Fatalf("room of %d bytes leaves %d after it", len(room), cap(tight.acc)-10-len(room))
+	}
 	for _, tc := range []struct {
 		name   string
 		pieces []int // bytes of the value and its CRLF per read
@@ -1356,8 +1369,12 @@ func TestReplyScanReadsLongValuesInPlace(t *testing.T) {
 				}
 				rest = rest[n:]
 			}
+			array := &r.acc[0]
 			if n, whole, bad := r.feed([]byte("END\r\n"), req); n != 5 || !whole || bad {
 				t.Fatalf("END: took %d, whole %v, bad %v", n, whole, bad)
+			}
+			if tc.place && &r.acc[0] != array {
+				t.Error("the END after a value read into place moved the reply to another array")
 			}
 			if string(r.acc) != whole {
 				t.Fatalf("gathered %d bytes, not the %d of the reply", len(r.acc), len(whole))
@@ -1418,7 +1435,7 @@ func TestEventLoopLongValuesFromATricklingServer(t *testing.T) {
 	cfg := loopConfig(fake)
 	cfg.MaxItemSize = 4 << 20
 	cfg.Timeout = 10 * time.Second
-	_, addr := startProxy(t, cfg)
+	p, addr := startProxy(t, cfg)
 	var wg sync.WaitGroup
 	for _, key := range []string{"k1", "k2", "k3", "k4"} {
 		wg.Add(1)
@@ -1442,4 +1459,7 @@ func TestEventLoopLongValuesFromATricklingServer(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	if p.stats.readsInPlace.Load() == 0 {
+		t.Error("no value was read straight into place")
+	}
 }

@@ -28,10 +28,11 @@ package gnet
 // most len of it), and Conn.Next, Peek and the like return those bytes in
 // OnTraffic as they do the loop's buffer. What OnTraffic leaves unread is
 // copied into the connection's inbound buffer as ever, so the buffer may
-// be reused once OnTraffic returns. It must not be returned while the
-// inbound buffer holds bytes: Peek would then copy the older bytes and the
-// new ones into a buffer of its own, in order, which is correct but no
-// saving. Returning nil reads into the loop's buffer, as published.
+// be reused once OnTraffic returns. There is no point in returning one
+// while the inbound buffer holds bytes: Peek then copies the older bytes
+// and the new ones into a buffer of its own, in order, which is correct
+// but saves nothing. Returning nil reads into the loop's buffer, as
+// published.
 type ReadIntoer interface {
 	ReadInto(c Conn) []byte
 }
