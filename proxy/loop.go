@@ -2111,7 +2111,7 @@ func (r *replyScan) feed(data []byte, req *loopReq) (took int, whole, bad bool) 
 			return took, true, false
 		}
 		_, _, size, _, ok := wire.ParseValueLine(line)
-		if !ok {
+		if !ok || size > upstream.MaxValueLen {
 			return took, false, true
 		}
 		r.need = size + 2

@@ -27,6 +27,7 @@ import (
 	"mcsidecar/codec"
 	"mcsidecar/keyspace"
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/upstream"
 )
 
 // loopHandovers is how many connections p's event loops handed to the
@@ -1461,5 +1462,42 @@ func TestEventLoopLongValuesFromATricklingServer(t *testing.T) {
 	wg.Wait()
 	if p.stats.readsInPlace.Load() == 0 {
 		t.Error("no value was read straight into place")
+	}
+}
+
+// TestEventLoopValueLongerThanMemcachedHolds has a server announce a value
+// longer than memcached can hold and send nothing more: the loop takes
+// the reply as out of step at once, as the goroutine path does, and does
+// not wait for the bytes (the upstream timeout here is far longer than
+// the client waits) nor make room for them.
+func TestEventLoopValueLongerThanMemcachedHolds(t *testing.T) {
+	for _, announced := range []int{upstream.MaxValueLen + 1, 1<<31 - 1} {
+		t.Run(strconv.Itoa(announced), func(t *testing.T) {
+			fake, _ := fakeUpstream(t, func(c net.Conn) {
+				br := bufio.NewReader(c)
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if strings.HasPrefix(line, "get ") {
+						fmt.Fprintf(c, "VALUE k 0 %d\r\nsome bytes", announced)
+					}
+				}
+			})
+			cfg := loopConfig(fake)
+			cfg.Timeout = time.Minute
+			p, addr := startProxy(t, cfg)
+			c := dial(t, addr)
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			io.WriteString(c, "get k\r\n")
+			got := make([]byte, len("END\r\n"))
+			if _, err := io.ReadFull(c, got); err != nil || string(got) != "END\r\n" {
+				t.Fatalf("get k answered %q (%v), want a miss", got, err)
+			}
+			if n := p.stats.readsInPlace.Load(); n != 0 {
+				t.Fatalf("%d reads made room for the value", n)
+			}
+		})
 	}
 }

@@ -69,7 +69,7 @@ func ParseMetaValue(line []byte) (size int, it MetaItem, err error) {
 	}
 	rest = rest[:len(rest)-2]
 	word, rest, more := bytes.Cut(rest, []byte{' '})
-	n, ok := wire.ParseDecimal(word, 1<<30)
+	n, ok := wire.ParseDecimal(word, MaxValueLen)
 	if !ok {
 		return bad()
 	}

@@ -540,7 +540,7 @@ func readMetaBlock(br *bufio.Reader, call *Call) error {
 	}
 	word, _, _ := bytes.Cut(rest, []byte{' '})
 	word = bytes.TrimSuffix(word, crlf)
-	size, ok := wire.ParseDecimal(word, 1<<30)
+	size, ok := wire.ParseDecimal(word, MaxValueLen)
 	if !ok {
 		return fmt.Errorf("%w: %q", errUnexpectedReply, call.Reply)
 	}
@@ -605,10 +605,15 @@ func expectLine(c *rawConn, prefix []byte) error {
 	return nil
 }
 
+// MaxValueLen is the longest value memcached can hold (its -I is at most
+// 1 GiB): a reply that announces a longer one is out of step, not a value
+// to wait for.
+const MaxValueLen = 1 << 30
+
 // parseValueLine reads "VALUE <key> <flags> <bytes>[ <cas>]\r\n".
 func parseValueLine(line []byte) (key []byte, flags uint32, size int, cas uint64, err error) {
 	key, flags, size, cas, ok := wire.ParseValueLine(line)
-	if !ok || size > 1<<30 {
+	if !ok || size > MaxValueLen {
 		return nil, 0, 0, 0, fmt.Errorf("%w: %q", errUnexpectedReply, line)
 	}
 	return key, flags, size, cas, nil
