@@ -85,6 +85,22 @@ func runMemcached(tb testing.TB, addr string, extra ...string) (kill func(), ok 
 	return kill, true
 }
 
+// fakeLineUpstream is fakeUpstream for a server that answers line by
+// line: serve gets each line the connection sends, with its CRLF, until it
+// returns false or the client goes.
+func fakeLineUpstream(tb testing.TB, serve func(c net.Conn, line string) bool) (addr string, stop func()) {
+	tb.Helper()
+	return fakeUpstream(tb, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil || !serve(c, line) {
+				return
+			}
+		}
+	})
+}
+
 // fakeUpstream serves every connection to a loopback listener with serve,
 // for upstreams that misbehave in ways a real memcached will not. stop
 // closes the listener and every connection and waits for serve to return;

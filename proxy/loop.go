@@ -559,7 +559,7 @@ func (l *eventLoops) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 // read whole, nor while gnet holds bytes of the reply, which come first.
 func (l *eventLoops) ReadInto(gc gnet.Conn) []byte {
 	u, ok := gc.Context().(*loopUpstream)
-	if !ok || u.gc != gc || u.tls != nil || u.sent == 0 || gc.InboundBuffered() > 0 {
+	if !ok || u.gc != gc || u.tls != nil || gc.InboundBuffered() > 0 {
 		return nil
 	}
 	room := u.scan.room()

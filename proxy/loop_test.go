@@ -1274,23 +1274,17 @@ func TestEventLoopDeleteOfDamagedItemFailingAtOnce(t *testing.T) {
 		{"damaged key alone", "P2:a", damaged + "END\r\n", "END\r\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fake, _ := fakeUpstream(t, func(c net.Conn) {
-				br := bufio.NewReader(c)
-				for {
-					line, err := br.ReadString('\n')
-					if err != nil {
-						return
-					}
-					switch {
-					case strings.HasPrefix(line, "get "):
-						c.Write([]byte(tc.upstream))
-						c.(*net.TCPConn).SetLinger(0) // a reset, not a close
-						c.Close()
-						return
-					case strings.HasPrefix(line, "version"):
-						c.Write([]byte("VERSION 1\r\n"))
-					}
+			fake, _ := fakeLineUpstream(t, func(c net.Conn, line string) bool {
+				switch {
+				case strings.HasPrefix(line, "get "):
+					c.Write([]byte(tc.upstream))
+					c.(*net.TCPConn).SetLinger(0) // a reset, not a close
+					c.Close()
+					return false
+				case strings.HasPrefix(line, "version"):
+					c.Write([]byte("VERSION 1\r\n"))
 				}
+				return true
 			})
 			cfg := loopConfig(fake)
 			cfg.Codec = codecConfig()
@@ -1473,17 +1467,11 @@ func TestEventLoopLongValuesFromATricklingServer(t *testing.T) {
 func TestEventLoopValueLongerThanMemcachedHolds(t *testing.T) {
 	for _, announced := range []int{upstream.MaxValueLen + 1, 1<<31 - 1} {
 		t.Run(strconv.Itoa(announced), func(t *testing.T) {
-			fake, _ := fakeUpstream(t, func(c net.Conn) {
-				br := bufio.NewReader(c)
-				for {
-					line, err := br.ReadString('\n')
-					if err != nil {
-						return
-					}
-					if strings.HasPrefix(line, "get ") {
-						fmt.Fprintf(c, "VALUE k 0 %d\r\nsome bytes", announced)
-					}
+			fake, _ := fakeLineUpstream(t, func(c net.Conn, line string) bool {
+				if strings.HasPrefix(line, "get ") {
+					fmt.Fprintf(c, "VALUE k 0 %d\r\nsome bytes", announced)
 				}
+				return true
 			})
 			cfg := loopConfig(fake)
 			cfg.Timeout = time.Minute
