@@ -113,6 +113,7 @@ type loopState struct {
 	clients map[*loopClient]struct{}
 	slots   []*loopSlot
 	reqs    []*loopReq
+	shares  []*loopShare
 	bufs    [][]byte
 	dec     []byte // a value being opened
 	sealBuf []byte // a reply to a TLS client, before encryption
@@ -284,6 +285,18 @@ type loopReq struct {
 	asked []int  // owner indexes, in the order the keys were asked
 	buf   []byte // the reply, which the owners' blocks point into
 	err   error
+	// joined is how many requests after this one in the queue share its
+	// get line (see loopUpstream.join); share, the reply they share.
+	joined int
+	share  *loopShare
+}
+
+// loopShare is one reply that the requests joined into one get line
+// share, each a run of its VALUE blocks: its buffer is given back when
+// the last of them is.
+type loopShare struct {
+	buf  []byte
+	refs int
 }
 
 // loopUpstream is one loop's connection to one server.
@@ -299,6 +312,30 @@ type loopUpstream struct {
 	tls     *loopTLS // the connection's TLS client, with --upstream-tls-enabled
 	// batchErr is the first error a reply of the batch in flight was.
 	batchErr error
+	// join is the request whose get line ends out at joinEnd, which the
+	// next retrieval's keys may join (see ask).
+	join              *loopReq
+	joinEnd, joinKeys int
+	joined            []*loopReq // the requests of the reply being answered
+}
+
+// joinable returns the request whose get line ends the requests not yet
+// written, when a retrieval of n keys by command id may add its keys to
+// that line, or nil. A line holds at most --upstream-get-batch-keys keys,
+// unless one request alone has more.
+//
+// memcached 1.6 writes the reply to each get of a pipeline with a system
+// call of its own, and the reply to one get of many keys with one, so
+// that joining the gets of many clients spares it most of its writes.
+// Only gets next to each other in the queue are joined: no request moves
+// past another, so a client's set and its get after it stay in order.
+func (u *loopUpstream) joinable(id, n int) *loopReq {
+	h := u.join
+	if h == nil || len(u.out) != u.joinEnd || u.q.len() == u.sent ||
+		(h.slot.id == cmdGets) != (id == cmdGets) || u.joinKeys+n > u.ls.l.p.cfg.GetBatchKeys {
+		return nil
+	}
+	return h
 }
 
 // Why a request's reply is dropped.
@@ -391,7 +428,17 @@ func (ls *loopState) putBuf(b []byte) {
 }
 
 func (ls *loopState) putReq(r *loopReq) {
-	ls.putBuf(r.buf)
+	if sh := r.share; sh != nil {
+		if sh.refs--; sh.refs == 0 {
+			ls.putBuf(sh.buf)
+			*sh = loopShare{}
+			if len(ls.shares) < loopFreeMax {
+				ls.shares = append(ls.shares, sh)
+			}
+		}
+	} else {
+		ls.putBuf(r.buf)
+	}
 	*r = loopReq{asked: r.asked[:0]}
 	if len(ls.reqs) < loopFreeMax {
 		ls.reqs = append(ls.reqs, r)
@@ -953,11 +1000,13 @@ func (s *loopSlot) send(reqUps []*loopUpstream, start int, meta, flush bool) {
 }
 
 // ask sends a request of the retrieval to u's server: one get or gets
-// line, or one mg per key.
+// line, or its keys on the end of the line before it (see joinable), or
+// one mg per key.
 func (s *loopSlot) ask(u *loopUpstream, r *loopReq) {
 	if !u.admit(r) {
 		return
 	}
+	joined := false
 	if r.meta {
 		for _, i := range r.asked {
 			u.out = append(u.out, "mg "...)
@@ -965,22 +1014,32 @@ func (s *loopSlot) ask(u *loopUpstream, r *loopReq) {
 			u.out = append(u.out, " v f t c\r\n"...)
 		}
 	} else {
-		verb := "get"
-		if s.id == cmdGets {
-			verb = "gets"
+		head := u.joinable(s.id, len(r.asked))
+		if joined = head != nil; joined {
+			// The keys go on the end of head's line.
+			u.out = u.out[:len(u.out)-len(crlf)]
+			head.joined++
+		} else {
+			verb := "get"
+			if s.id == cmdGets {
+				verb = "gets"
+			}
+			u.out = append(u.out, verb...)
+			head, u.joinKeys = r, 0
 		}
-		u.out = append(u.out, verb...)
 		for _, i := range r.asked {
 			u.out = append(u.out, ' ')
 			u.out = append(u.out, s.upKey(i)...)
 		}
 		u.out = append(u.out, crlf...)
+		u.join, u.joinEnd = head, len(u.out)
+		u.joinKeys += len(r.asked)
 	}
 	u.q.push(r)
 	if s.zone == 0 {
 		// Counted as the goroutine path counts: its reads of other
 		// zones are not.
-		u.srv.CountGet(len(r.asked))
+		u.srv.CountGet(len(r.asked), joined)
 	}
 }
 
@@ -1344,6 +1403,7 @@ func (u *loopUpstream) flush() {
 	}
 	u.sent = u.q.len()
 	u.batchErr = nil
+	u.join = nil
 	// A write error closes the connection there and then, and OnClose
 	// fails the batch; what answering it queues on u goes into a buffer
 	// of its own, which must not be cleared here.
@@ -1420,6 +1480,7 @@ func (u *loopUpstream) fail(err error) {
 	u.srv.Record(u.q.front().began, err)
 	q := u.q.all()
 	u.q, u.sent, u.out = reqQueue{}, 0, u.out[:0] // what answering q queues goes to a new array
+	u.join = nil
 	u.scan = replyScan{}
 	for _, r := range q {
 		if r.drop > 0 {
@@ -1517,6 +1578,16 @@ func (u *loopUpstream) replies() {
 		}
 		u.q.pop()
 		u.sent--
+		joined := u.joined[:0]
+		if r.joined > 0 {
+			// The requests that share r's get line share its reply.
+			joined = append(joined, r)
+			for range r.joined {
+				joined = append(joined, u.q.front())
+				u.q.pop()
+				u.sent--
+			}
+		}
 		if err != nil && u.batchErr == nil {
 			u.batchErr = err
 		}
@@ -1529,6 +1600,9 @@ func (u *loopUpstream) replies() {
 		case err != nil:
 			u.scan.reset()
 			r.done(nil, err)
+			for _, q := range joined[min(1, len(joined)):] {
+				q.done(nil, err)
+			}
 		case r.drop > 0:
 			u.ls.l.p.countDropped(r, reply, nil)
 			u.scan.reset()
@@ -1536,10 +1610,14 @@ func (u *loopUpstream) replies() {
 		case r.store:
 			r.done(reply, nil)
 			u.scan.reset()
+		case len(joined) > 0:
+			u.scan = replyScan{} // the requests keep the buffer
+			u.ls.answerJoined(joined, reply)
 		default:
 			u.scan = replyScan{} // the request keeps the buffer
 			r.done(reply, nil)
 		}
+		clear(joined)
 		if u.gc != gc {
 			// A flush made while answering found the connection broken:
 			// gnet closed it there, and OnClose failed what was queued.
@@ -1557,6 +1635,39 @@ func (u *loopUpstream) replies() {
 }
 
 var errLoopProtocol = errors.New("upstream reply out of step")
+
+// answerJoined answers the requests that shared one get line from its
+// reply. memcached answers the keys of the line in order and skips
+// misses, so each request's VALUE blocks are the run of them whose keys
+// are its own, found by walking its keys in order, as match does.
+func (ls *loopState) answerJoined(group []*loopReq, reply []byte) {
+	sh := take(&ls.shares)
+	sh.buf, sh.refs = reply, len(group)
+	b := reply
+	for _, r := range group {
+		s := r.slot
+		start := len(reply) - len(b)
+		k := 0
+		for k < len(r.asked) && bytes.HasPrefix(b, replyValue) {
+			i := bytes.IndexByte(b, '\n')
+			key, _, size, _, ok := wire.ParseValueLine(b[:i+1])
+			if !ok {
+				break
+			}
+			for k < len(r.asked) && !bytes.Equal(s.upKey(r.asked[k]), key) {
+				k++
+			}
+			if k == len(r.asked) {
+				break // a key of a request after r
+			}
+			k++
+			b = b[i+1+size+2:]
+		}
+		end := len(reply) - len(b)
+		r.share = sh
+		r.done(reply[start:end:end], nil)
+	}
+}
 
 // done records the reply (or err) of one request. A retrieval's request
 // keeps reply, which its owners' blocks point into.

@@ -134,10 +134,13 @@ func (s *Server) Record(start time.Time, err error) {
 	s.health.observe(err)
 }
 
-// CountGet counts one get request of keys keys sent on a connection of the
-// caller's own.
-func (s *Server) CountGet(keys int) {
-	s.up.all.Gets.Add(1)
+// CountGet counts keys keys asked in a get request sent on a connection
+// of the caller's own, and the request, unless joined says the keys
+// joined one already counted.
+func (s *Server) CountGet(keys int, joined bool) {
+	if !joined {
+		s.up.all.Gets.Add(1)
+	}
 	s.up.all.GetKeys.Add(uint64(keys))
 }
 

@@ -1,0 +1,225 @@
+package proxy
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestEventLoopJoinsGetsOfManyClients has six clients send their gets
+// while the loop is stalled, so that the loop reads them all at once:
+// the first goes upstream alone, and the others wait for its reply,
+// where the gets next to each other join one get line. Each client still
+// gets exactly its own reply: misses skipped, a key named twice, a key
+// another client asked too, and the CAS of a gets, which joins no get.
+func TestEventLoopJoinsGetsOfManyClients(t *testing.T) {
+	items := map[string]string{"a": "1", "b": "22", "d": "4444"}
+	var mu sync.Mutex
+	var lines []string
+	fake, _ := fakeLineUpstream(t, func(c net.Conn, line string) bool {
+		mu.Lock()
+		lines = append(lines, line)
+		mu.Unlock()
+		w := strings.Fields(line)
+		switch {
+		case len(w) < 2 || (w[0] != "get" && w[0] != "gets"):
+			io.WriteString(c, "ERROR\r\n")
+			return true
+		case slices.Contains(w, "boom"):
+			io.WriteString(c, "SERVER_ERROR out of memory writing get response\r\n")
+			return true
+		}
+		var out strings.Builder
+		for _, k := range w[1:] {
+			if v, ok := items[k]; ok {
+				fmt.Fprintf(&out, "VALUE %s 0 %d", k, len(v))
+				if w[0] == "gets" {
+					fmt.Fprintf(&out, " %d", 100+len(v))
+				}
+				out.WriteString("\r\n" + v + "\r\n")
+			}
+		}
+		out.WriteString("END\r\n")
+		io.WriteString(c, out.String())
+		return true
+	})
+	p, addr := startProxy(t, loopConfig(fake))
+	// The upstream connection is made before, so that the first of the
+	// gets below is written alone.
+	if got := newLineClient(t, addr).do("get a\r\n"); got != "VALUE a 0 1\r\n1\r\nEND\r\n" {
+		t.Fatalf("get a answered %q", got)
+	}
+	cases := []struct {
+		req, want string
+		keys      int // asked upstream
+	}{
+		{"get a\r\n", "VALUE a 0 1\r\n1\r\nEND\r\n", 1},
+		{"get x a\r\n", "VALUE a 0 1\r\n1\r\nEND\r\n", 2},
+		{"get b d b x\r\n", "VALUE b 0 2\r\n22\r\nVALUE d 0 4\r\n4444\r\nVALUE b 0 2\r\n22\r\nEND\r\n", 3},
+		{"gets a\r\n", "VALUE a 0 1 101\r\n1\r\nEND\r\n", 1},
+		{"get x\r\n", "END\r\n", 1},
+		{"get d a\r\n", "VALUE d 0 4\r\n4444\r\nVALUE a 0 1\r\n1\r\nEND\r\n", 2},
+	}
+	reqs := make([]string, len(cases))
+	for i, tc := range cases {
+		reqs[i] = tc.req
+	}
+	mu.Lock()
+	before := len(lines)
+	mu.Unlock()
+	gets, keys := p.stats.upstreamGets.Load(), p.stats.upstreamGetKeys.Load()
+	wantKeys := 0
+	for i, got := range stalledGets(t, p, addr, reqs) {
+		if got != cases[i].want {
+			t.Errorf("%q answered %q, want %q", cases[i].req, got, cases[i].want)
+		}
+		wantKeys += cases[i].keys
+	}
+	mu.Lock()
+	sent := lines[before:]
+	mu.Unlock()
+	// Five gets and a gets: whatever order the loop reads them in, the
+	// gets splits the gets after the first into two runs at most.
+	if len(sent) > 4 {
+		t.Errorf("six retrievals went upstream in %d lines, want at most 4: %q", len(sent), sent)
+	}
+	if n := p.stats.upstreamGets.Load() - gets; n != uint64(len(sent)) {
+		t.Errorf("upstream_gets counted %d, but %d get lines were sent", n, len(sent))
+	}
+	if n := p.stats.upstreamGetKeys.Load() - keys; n != uint64(wantKeys) {
+		t.Errorf("upstream_get_keys counted %d, want %d", n, wantKeys)
+	}
+	asked := 0
+	for _, l := range sent {
+		asked += len(strings.Fields(l)) - 1
+	}
+	if asked != wantKeys {
+		t.Errorf("%d keys asked upstream in %q, want %d", asked, sent, wantKeys)
+	}
+
+	// memcached's error in reply to a line fails every request joined in
+	// it: each is answered (a miss, as for one multi-get), none waits, and
+	// the connection stays in step. Whichever goes first, the other two
+	// join one line.
+	for i, got := range stalledGets(t, p, addr, []string{"get boom\r\n", "get boom a\r\n", "get b boom\r\n"}) {
+		if got != "END\r\n" {
+			t.Errorf("get %d with a line memcached failed answered %q, want a miss", i, got)
+		}
+	}
+	if got := newLineClient(t, addr).do("get a\r\n"); got != "VALUE a 0 1\r\n1\r\nEND\r\n" {
+		t.Errorf("get a after a failed line answered %q", got)
+	}
+}
+
+// stalledGets sends each of reqs on a client of its own while p's loop is
+// stalled, so that the loop reads them all at once, and returns the
+// replies.
+func stalledGets(t *testing.T, p *Proxy, addr string, reqs []string) []string {
+	t.Helper()
+	clients := make([]*lineClient, len(reqs))
+	for i := range clients {
+		// A version is answered on the loop: the client is on it before
+		// the stall, not waiting to join it.
+		clients[i] = newLineClient(t, addr)
+		if got := clients[i].do("version\r\n"); !strings.HasPrefix(got, "VERSION ") {
+			t.Fatalf("version answered %q", got)
+		}
+	}
+	stallLoop(t, p, 300*time.Millisecond)
+	for i, req := range reqs {
+		clients[i].c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(clients[i].c, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	replies := make([]string, len(reqs))
+	for i := range reqs {
+		got, err := readReply(clients[i].br)
+		if err != nil {
+			t.Errorf("%q: %v after %q", reqs[i], err, got)
+		}
+		replies[i] = got
+	}
+	return replies
+}
+
+// TestEventLoopJoinedGetsKeepEachClientsOrder runs clients that each
+// pipeline a get of its own key, a set of it, a get of a shared key with
+// its own key and a miss, a gets of the shared key, and a get of its own
+// key again, against memcached. Gets of different clients join, but no
+// get moves past a set: the first get of the client's key sees the value
+// of the round before, the last sees the round's own. Every reply is
+// checked, CAS included.
+func TestEventLoopJoinedGetsKeepEachClientsOrder(t *testing.T) {
+	mc := startMemcached(t)
+	p, addr := startProxy(t, loopConfig(mc))
+	const shared, clients, rounds = 40, 8, 100
+	direct := newLineClient(t, mc)
+	cas := make([]string, shared)
+	for j := range shared {
+		k, v := fmt.Sprintf("j:%d", j), fmt.Sprintf("shared-%d", j)
+		if got := direct.do(fmt.Sprintf("set %s 3 0 %d\r\n%s\r\n", k, len(v), v)); got != "STORED\r\n" {
+			t.Fatalf("set %s: %q", k, got)
+		}
+		reply := direct.do("gets " + k + "\r\n")
+		head, _, _ := strings.Cut(reply, "\r\n")
+		w := strings.Fields(head)
+		if len(w) != 5 {
+			t.Fatalf("gets %s answered %q", k, reply)
+		}
+		cas[j] = w[4]
+	}
+	value := func(k, v string, flags int) string {
+		return fmt.Sprintf("VALUE %s %d %d\r\n%s\r\n", k, flags, len(v), v)
+	}
+	gets := p.stats.upstreamGets.Load()
+	var wg sync.WaitGroup
+	for c := range clients {
+		lc := dial(t, addr)
+		br := bufio.NewReader(lc)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			own := fmt.Sprintf("own:%d", c)
+			prev := "END\r\n"
+			for i := range rounds {
+				j := (c*7 + i) % shared
+				sk, sv := fmt.Sprintf("j:%d", j), fmt.Sprintf("shared-%d", j)
+				v := fmt.Sprintf("%d-%d", c, i)
+				req := fmt.Sprintf("get %s\r\nset %s 5 0 %d\r\n%s\r\nget %s %s nothing:%d\r\ngets %s\r\nget %s\r\n",
+					own, own, len(v), v, sk, own, i, sk, own)
+				want := []string{
+					prev,
+					"STORED\r\n",
+					value(sk, sv, 3) + value(own, v, 5) + "END\r\n",
+					fmt.Sprintf("VALUE %s 3 %d %s\r\n%s\r\nEND\r\n", sk, len(sv), cas[j], sv),
+					value(own, v, 5) + "END\r\n",
+				}
+				lc.SetDeadline(time.Now().Add(10 * time.Second))
+				if _, err := io.WriteString(lc, req); err != nil {
+					t.Error(err)
+					return
+				}
+				for n, w := range want {
+					got, err := readReply(br)
+					if err != nil || got != w {
+						t.Errorf("client %d, round %d, reply %d: %q (%v), want %q", c, i, n, got, err, w)
+						return
+					}
+				}
+				prev = value(own, v, 5) + "END\r\n"
+			}
+		}()
+	}
+	wg.Wait()
+	// Each round sent four retrievals; without joining, each is a line.
+	if n := p.stats.upstreamGets.Load() - gets; n >= 4*clients*rounds {
+		t.Errorf("%d get lines for %d retrievals: no get joined another", n, 4*clients*rounds)
+	}
+}
