@@ -19,36 +19,7 @@ import (
 // gets exactly its own reply: misses skipped, a key named twice, a key
 // another client asked too, and the CAS of a gets, which joins no get.
 func TestEventLoopJoinsGetsOfManyClients(t *testing.T) {
-	items := map[string]string{"a": "1", "b": "22", "d": "4444"}
-	var mu sync.Mutex
-	var lines []string
-	fake, _ := fakeLineUpstream(t, func(c net.Conn, line string) bool {
-		mu.Lock()
-		lines = append(lines, line)
-		mu.Unlock()
-		w := strings.Fields(line)
-		switch {
-		case len(w) < 2 || (w[0] != "get" && w[0] != "gets"):
-			io.WriteString(c, "ERROR\r\n")
-			return true
-		case slices.Contains(w, "boom"):
-			io.WriteString(c, "SERVER_ERROR out of memory writing get response\r\n")
-			return true
-		}
-		var out strings.Builder
-		for _, k := range w[1:] {
-			if v, ok := items[k]; ok {
-				fmt.Fprintf(&out, "VALUE %s 0 %d", k, len(v))
-				if w[0] == "gets" {
-					fmt.Fprintf(&out, " %d", 100+len(v))
-				}
-				out.WriteString("\r\n" + v + "\r\n")
-			}
-		}
-		out.WriteString("END\r\n")
-		io.WriteString(c, out.String())
-		return true
-	})
+	fake, sentSince := joinFake(t)
 	p, addr := startProxy(t, loopConfig(fake))
 	// The upstream connection is made before, so that the first of the
 	// gets below is written alone.
@@ -70,9 +41,7 @@ func TestEventLoopJoinsGetsOfManyClients(t *testing.T) {
 	for i, tc := range cases {
 		reqs[i] = tc.req
 	}
-	mu.Lock()
-	before := len(lines)
-	mu.Unlock()
+	before := len(sentSince(0))
 	gets, keys := p.stats.upstreamGets.Load(), p.stats.upstreamGetKeys.Load()
 	wantKeys := 0
 	for i, got := range stalledGets(t, p, addr, reqs) {
@@ -81,9 +50,7 @@ func TestEventLoopJoinsGetsOfManyClients(t *testing.T) {
 		}
 		wantKeys += cases[i].keys
 	}
-	mu.Lock()
-	sent := lines[before:]
-	mu.Unlock()
+	sent := sentSince(before)
 	// Five gets and a gets: whatever order the loop reads them in, the
 	// gets splits the gets after the first into two runs at most.
 	if len(sent) > 4 {
@@ -114,6 +81,87 @@ func TestEventLoopJoinsGetsOfManyClients(t *testing.T) {
 	}
 	if got := newLineClient(t, addr).do("get a\r\n"); got != "VALUE a 0 1\r\n1\r\nEND\r\n" {
 		t.Errorf("get a after a failed line answered %q", got)
+	}
+}
+
+// TestEventLoopJoinedLinesKeepToTheBatchKeys: a line holds at most
+// --upstream-get-batch-keys keys.
+func TestEventLoopJoinedLinesKeepToTheBatchKeys(t *testing.T) {
+	fake, sentSince := joinFake(t)
+	cfg := loopConfig(fake)
+	cfg.GetBatchKeys = 3
+	p, addr := startProxy(t, cfg)
+	if got := newLineClient(t, addr).do("get x\r\n"); got != "END\r\n" {
+		t.Fatalf("get x answered %q", got)
+	}
+	before := len(sentSince(0))
+	cases := []struct{ req, want string }{
+		{"get a\r\n", "VALUE a 0 1\r\n1\r\nEND\r\n"},
+		{"get b x\r\n", "VALUE b 0 2\r\n22\r\nEND\r\n"},
+		{"get d\r\n", "VALUE d 0 4\r\n4444\r\nEND\r\n"},
+		{"get a b\r\n", "VALUE a 0 1\r\n1\r\nVALUE b 0 2\r\n22\r\nEND\r\n"},
+		{"get x d\r\n", "VALUE d 0 4\r\n4444\r\nEND\r\n"},
+		{"get b\r\n", "VALUE b 0 2\r\n22\r\nEND\r\n"},
+	}
+	reqs := make([]string, len(cases))
+	for i, tc := range cases {
+		reqs[i] = tc.req
+	}
+	for i, got := range stalledGets(t, p, addr, reqs) {
+		if got != cases[i].want {
+			t.Errorf("%q answered %q, want %q", cases[i].req, got, cases[i].want)
+		}
+	}
+	sent := sentSince(before)
+	for _, l := range sent {
+		if n := len(strings.Fields(l)) - 1; n > 3 {
+			t.Errorf("a line of %d keys with --upstream-get-batch-keys 3: %q", n, l)
+		}
+	}
+	// A key alone after any line of fewer than three joins it.
+	if len(sent) >= len(cases) {
+		t.Errorf("%d requests in %d lines: none joined: %q", len(cases), len(sent), sent)
+	}
+}
+
+// joinFake serves gets from a fixed set of items; a line naming boom is
+// answered with memcached's error for a get it could not answer. sent
+// returns the lines it was sent after the first n.
+func joinFake(t *testing.T) (addr string, sent func(n int) []string) {
+	items := map[string]string{"a": "1", "b": "22", "d": "4444"}
+	var mu sync.Mutex
+	var lines []string
+	addr, _ = fakeLineUpstream(t, func(c net.Conn, line string) bool {
+		mu.Lock()
+		lines = append(lines, line)
+		mu.Unlock()
+		w := strings.Fields(line)
+		switch {
+		case len(w) < 2 || (w[0] != "get" && w[0] != "gets"):
+			io.WriteString(c, "ERROR\r\n")
+			return true
+		case slices.Contains(w, "boom"):
+			io.WriteString(c, "SERVER_ERROR out of memory writing get response\r\n")
+			return true
+		}
+		var out strings.Builder
+		for _, k := range w[1:] {
+			if v, ok := items[k]; ok {
+				fmt.Fprintf(&out, "VALUE %s 0 %d", k, len(v))
+				if w[0] == "gets" {
+					fmt.Fprintf(&out, " %d", 100+len(v))
+				}
+				out.WriteString("\r\n" + v + "\r\n")
+			}
+		}
+		out.WriteString("END\r\n")
+		io.WriteString(c, out.String())
+		return true
+	})
+	return addr, func(n int) []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(lines[n:])
 	}
 }
 

@@ -1595,6 +1595,7 @@ func (u *loopUpstream) replies() {
 				u.q.pop()
 				u.sent--
 			}
+			u.joined = joined // its array serves the next joined reply
 		}
 		if err != nil && u.batchErr == nil {
 			u.batchErr = err
@@ -1648,6 +1649,10 @@ var errLoopProtocol = errors.New("upstream reply out of step")
 // reply. memcached answers the keys of the line in order and skips
 // misses, so each request's VALUE blocks are the run of them whose keys
 // are its own, found by walking its keys in order, as match does.
+//
+// When two of them name one key and memcached found it only the second
+// time (stored in between), the first takes the hit and the second has a
+// miss: either order is one the two concurrent requests could have run in.
 func (ls *loopState) answerJoined(group []*loopReq, reply []byte) {
 	sh := take(&ls.shares)
 	sh.buf, sh.refs = reply, len(group)
