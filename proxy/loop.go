@@ -109,7 +109,7 @@ type loopState struct {
 	l       *eventLoops
 	el      gnet.EventLoop
 	ups     map[*upstream.Server]*loopUpstream
-	upList  []*loopUpstream // ups' values, which each client read flushes
+	upList  []*loopUpstream // ups' values, which OnPollEnd flushes
 	clients map[*loopClient]struct{}
 	slots   []*loopSlot
 	reqs    []*loopReq
@@ -634,6 +634,18 @@ func (l *eventLoops) OnTraffic(gc gnet.Conn) gnet.Action {
 	return gnet.None
 }
 
+// OnPollEnd writes what the loop's events queued upstream, once gnet has
+// handled every event one epoll_wait returned and the tasks queued: the
+// requests of every client read then, and the batch after a reply read,
+// go out in one write per server, and the write that wakes memcached is
+// the loop's last before it waits, instead of one that memcached's
+// thread preempts it at while events are left to handle.
+func (l *eventLoops) OnPollEnd(el gnet.EventLoop) {
+	for _, u := range l.state(el).upList {
+		u.flush()
+	}
+}
+
 func (l *eventLoops) OnClose(gc gnet.Conn, err error) gnet.Action {
 	switch x := gc.Context().(type) {
 	case *loopClient:
@@ -836,9 +848,6 @@ func (lc *loopClient) process() {
 		handle(lc.gc, lc.tls, off)
 		lc.last = lc.ls.now
 	}
-	for _, u := range lc.ls.upList {
-		u.flush()
-	}
 	lc.inProcess = false
 	if len(lc.slots) > 0 && lc.slots[0].pending == 0 {
 		lc.written() // replies made here: version, a request to an ejected server
@@ -963,8 +972,7 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 	lc.slots = append(lc.slots, s)
 	c.lastCmd.Store(s.began.UnixNano())
 	// With the local tier on, keys are asked with mg, which tells the time
-	// to live an entry needs. The requests go out with the rest of the
-	// client's read.
+	// to live an entry needs. The requests go out in OnPollEnd.
 	s.send(reqUps, 0, p.tier != nil, false)
 	if s.pending == 0 {
 		s.finish() // every key answered by the tier, or failed
@@ -1640,7 +1648,7 @@ func (u *loopUpstream) replies() {
 		u.abort(readErr)
 		return
 	}
-	u.flush()
+	// The next batch goes out in OnPollEnd.
 }
 
 var errLoopProtocol = errors.New("upstream reply out of step")

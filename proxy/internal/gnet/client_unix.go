@@ -124,6 +124,7 @@ func (cli *Client) Start() error {
 			eventHandler: cli.eng.eventHandler,
 		}
 		el.connections.init()
+		el.hookPollEnd() // mcsidecar: see poll_end.go
 		cli.eng.eventLoops.register(&el)
 		if cli.opts.Ticker && el.idx == 0 {
 			el0 = &el

@@ -105,6 +105,7 @@ func (eng *engine) runEventLoops(ctx context.Context, numEventLoop int) error {
 		el.buffer = make([]byte, eng.opts.ReadBufferCap)
 		el.connections.init()
 		el.eventHandler = eng.eventHandler
+		el.hookPollEnd() // mcsidecar: see poll_end.go
 		for _, ln := range lns {
 			if err = el.poller.AddRead(ln.packPollAttachment(el.accept), false); err != nil {
 				return err
@@ -147,6 +148,7 @@ func (eng *engine) activateReactors(ctx context.Context, numEventLoop int) error
 		el.buffer = make([]byte, eng.opts.ReadBufferCap)
 		el.connections.init()
 		el.eventHandler = eng.eventHandler
+		el.hookPollEnd() // mcsidecar: see poll_end.go
 		eng.eventLoops.register(el)
 	}
 

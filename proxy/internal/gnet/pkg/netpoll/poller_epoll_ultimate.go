@@ -43,6 +43,7 @@ type Poller struct {
 	asyncTaskQueue              queue.AsyncTaskQueue // queue with low priority
 	urgentAsyncTaskQueue        queue.AsyncTaskQueue // queue with high priority
 	highPriorityEventsThreshold int32                // threshold of high-priority events
+	pollEnd                     func()               // mcsidecar: see OnPollEnd
 }
 
 // OpenPoller instantiates a poller.
@@ -115,6 +116,10 @@ func (p *Poller) Trigger(priority queue.EventPriority, fn queue.Func, param any)
 	return os.NewSyscallError("write", err)
 }
 
+// OnPollEnd has the poller call f each time it has handled the events one
+// wait returned and the tasks queued, before it waits again (mcsidecar).
+func (p *Poller) OnPollEnd(f func()) { p.pollEnd = f }
+
 // Polling blocks the current goroutine, monitoring the registered file descriptors and waiting for network I/O.
 // When I/O occurs on any of the file descriptors, the provided callback function is invoked.
 func (p *Poller) Polling() error {
@@ -183,6 +188,10 @@ func (p *Poller) Polling() error {
 					break
 				}
 			}
+		}
+
+		if p.pollEnd != nil {
+			p.pollEnd() // mcsidecar: see OnPollEnd
 		}
 
 		if n == el.size {
