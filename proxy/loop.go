@@ -635,14 +635,25 @@ func (l *eventLoops) OnTraffic(gc gnet.Conn) gnet.Action {
 }
 
 // OnPollEnd writes what the loop's events queued upstream, once gnet has
-// handled every event one epoll_wait returned and the tasks queued: the
+// handled every event one epoll_wait returned and the tasks it ran: the
 // requests of every client read then, and the batch after a reply read,
-// go out in one write per server, and the write that wakes memcached is
-// the loop's last before it waits, instead of one that memcached's
-// thread preempts it at while events are left to handle.
+// go out in one write per server, and the writes that wake memcached come
+// last before the loop waits, rather than one that memcached's thread
+// preempts it at while events are left to handle.
+//
+// A write that fails closes its connection there and then, and answering
+// the requests that were queued on it may queue more, on any server: the
+// pass is made again until no connection was lost in it. Each connection
+// is lost at most once, and a new one is dialled, so it ends.
 func (l *eventLoops) OnPollEnd(el gnet.EventLoop) {
-	for _, u := range l.state(el).upList {
-		u.flush()
+	ls := l.state(el)
+	for again := true; again; {
+		again = false
+		for _, u := range ls.upList {
+			gc := u.gc
+			u.flush()
+			again = again || (gc != nil && u.gc != gc)
+		}
 	}
 }
 
@@ -1222,7 +1233,7 @@ func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite, bui
 
 // tryZone sends the kept request of a write tried zone after zone to its
 // key's server in zone z. The requests of the first zone go out with the
-// others of the client's read; a later zone's at once.
+// others of the poll (OnPollEnd); a later zone's at once.
 func (s *loopSlot) tryZone(z int) {
 	ls := s.client.ls
 	u := ls.upstreamOf(s.client.c.p.zones[z].up.Load(), s.ups)

@@ -21,8 +21,8 @@
 package gnet
 
 // PollEnder is an EventHandler that is told each time an event loop has
-// handled every event one wait of its poller returned, and the tasks
-// queued for it, just before the loop waits again: work that the events
+// handled every event one wait of its poller returned, and the tasks it
+// ran after them, just before the loop waits again: work that the events
 // made, such as writes to other connections, can be done once for all of
 // them there.
 //

@@ -116,7 +116,8 @@ func (p *Poller) Trigger(priority queue.EventPriority, fn queue.Func, param any)
 }
 
 // OnPollEnd has the poller call f each time it has handled the events one
-// wait returned and the tasks queued, before it waits again (mcsidecar).
+// wait returned and the tasks it ran after them, before it waits again
+// (mcsidecar).
 func (p *Poller) OnPollEnd(f func()) { p.pollEnd = f }
 
 // Polling blocks the current goroutine, monitoring the registered file descriptors and waiting for network I/O.
