@@ -1665,9 +1665,9 @@ func (u *loopUpstream) replies() {
 var errLoopProtocol = errors.New("upstream reply out of step")
 
 // answerJoined answers the requests that shared one get line from its
-// reply. memcached answers the keys of the line in order and skips
-// misses, so each request's VALUE blocks are the run of them whose keys
-// are its own, found by walking its keys in order, as match does.
+// reply: memcached answers the keys of the line in order and skips
+// misses, so each request's VALUE blocks are the run of them that match
+// finds for it, and the next request's run begins where it stopped.
 //
 // When two of them name one key and memcached found it only the second
 // time (stored in between), the first takes the hit and the second has a
@@ -1677,27 +1677,11 @@ func (ls *loopState) answerJoined(group []*loopReq, reply []byte) {
 	sh.buf, sh.refs = reply, len(group)
 	b := reply
 	for _, r := range group {
-		s := r.slot
-		start := len(reply) - len(b)
-		k := 0
-		for k < len(r.asked) && bytes.HasPrefix(b, replyValue) {
-			i := bytes.IndexByte(b, '\n')
-			key, _, size, _, ok := wire.ParseValueLine(b[:i+1])
-			if !ok {
-				break
-			}
-			for k < len(r.asked) && !bytes.Equal(s.upKey(r.asked[k]), key) {
-				k++
-			}
-			if k == len(r.asked) {
-				break // a key of a request after r
-			}
-			k++
-			b = b[i+1+size+2:]
-		}
-		end := len(reply) - len(b)
-		r.share = sh
-		r.done(reply[start:end:end], nil)
+		rest := r.slot.match(r, b)
+		n := len(b) - len(rest)
+		r.share, r.buf = sh, b[:n:n]
+		b = rest
+		r.slot.answered()
 	}
 }
 
@@ -1720,8 +1704,14 @@ func (r *loopReq) done(reply []byte, err error) {
 		s.matchMeta(r)
 	default:
 		r.buf = reply
-		s.match(r)
+		s.match(r, reply)
 	}
+	s.answered()
+}
+
+// answered ends one request of a retrieval, and answers the retrieval
+// once none is left.
+func (s *loopSlot) answered() {
 	if s.pending--; s.pending == 0 {
 		s.finish()
 	}
@@ -1823,17 +1813,18 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 	s.release()
 }
 
-// match points each asked key of r at its VALUE block: memcached answers
-// hits in the order the keys were asked and skips misses. A reply that is
-// not a retrieval's (an error line) leaves every key a miss.
-func (s *loopSlot) match(r *loopReq) {
-	b := r.buf
+// match points each asked key of r at its VALUE block in b: memcached
+// answers hits in the order the keys were asked and skips misses. A reply
+// that is not a retrieval's (an error line) leaves every key a miss. It
+// returns the rest of b from the first block that is not r's: the END,
+// or in a reply to a joined line the blocks of the requests after r.
+func (s *loopSlot) match(r *loopReq, b []byte) []byte {
 	k := 0
 	for bytes.HasPrefix(b, replyValue) {
 		i := bytes.IndexByte(b, '\n')
 		key, flags, size, cas, ok := wire.ParseValueLine(b[:i+1])
 		if !ok {
-			return
+			return b
 		}
 		hasCAS := bytes.Count(b[:i], []byte{' '}) == 4
 		end := i + 1 + size + 2
@@ -1841,13 +1832,14 @@ func (s *loopSlot) match(r *loopReq) {
 			k++
 		}
 		if k == len(r.asked) {
-			return
+			return b
 		}
 		o := &s.owners[r.asked[k]]
 		o.block, o.flags, o.size, o.cas, o.hasCAS = b[:end:end], flags, size, cas, hasCAS
 		k++
 		b = b[end:]
 	}
+	return b
 }
 
 // matchMeta points each asked key of r, a request of one mg per key, at
