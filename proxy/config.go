@@ -120,7 +120,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.Timeout, "upstream-timeout", 200*time.Millisecond, "read/write timeout of one upstream request")
 	fs.DurationVar(&c.ConnectTimeout, "upstream-connect-timeout", 100*time.Millisecond, "timeout to connect to an upstream server")
 	fs.IntVar(&c.MaxIdleConns, "upstream-max-idle-conns", 100, "idle connections kept per upstream server")
-	fs.IntVar(&c.GetConcurrency, "upstream-get-concurrency", 1, "batches of requests in flight per upstream server, each on a connection of its own; requests arriving while all are busy go together in the next batch, gets as one multi-get")
+	fs.IntVar(&c.GetConcurrency, "upstream-get-concurrency", 1, "on the goroutine path (event loops pipeline instead), batches of requests in flight per upstream server, each on a connection of its own; requests arriving while all are busy go together in the next batch, gets as one multi-get")
 	fs.IntVar(&c.GetBatchKeys, "upstream-get-batch-keys", 100, "most keys coalesced into one upstream multi-get")
 	fs.StringVar(&c.RetrievalFailure, "upstream-retrieval-failure", failureMiss, "reply to a retrieval whose upstream failed: miss or error (SERVER_ERROR)")
 	fs.IntVar(&c.FailureLimit, "upstream-failure-limit", 3, "consecutive failures (connect errors, timeouts) that eject a server; 0 never ejects")

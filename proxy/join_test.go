@@ -13,16 +13,16 @@ import (
 )
 
 // TestEventLoopJoinsGetsOfManyClients has six clients send their gets
-// while the loop is stalled, so that the loop reads them all at once:
-// the first goes upstream alone, and the others wait for its reply,
-// where the gets next to each other join one get line. Each client still
-// gets exactly its own reply: misses skipped, a key named twice, a key
-// another client asked too, and the CAS of a gets, which joins no get.
+// while the loop is stalled, so that the loop reads them all at once and
+// writes them upstream together, where the gets next to each other join
+// one get line. Each client still gets exactly its own reply: misses
+// skipped, a key named twice, a key another client asked too, and the CAS
+// of a gets, which joins no get.
 func TestEventLoopJoinsGetsOfManyClients(t *testing.T) {
 	fake, sentSince := joinFake(t)
 	p, addr := startProxy(t, loopConfig(fake))
-	// The upstream connection is made before, so that the first of the
-	// gets below is written alone.
+	// The upstream connection is made before, so that the gets below
+	// wait for no dial.
 	if got := newLineClient(t, addr).do("get a\r\n"); got != "VALUE a 0 1\r\n1\r\nEND\r\n" {
 		t.Fatalf("get a answered %q", got)
 	}
@@ -269,5 +269,59 @@ func TestEventLoopJoinedGetsKeepEachClientsOrder(t *testing.T) {
 	// Each round sent four retrievals; without joining, each is a line.
 	if n := p.stats.upstreamGets.Load() - gets; n >= 4*clients*rounds {
 		t.Errorf("%d get lines for %d retrievals: no get joined another", n, 4*clients*rounds)
+	}
+}
+
+// TestEventLoopPipelinesBatches: a batch goes upstream while the one
+// before it is still unanswered. The server below holds its reply to
+// "get hold" until it has read the next line, which the loop writes only
+// if it does not wait for that reply; each batch counts once in the
+// server's requests.
+func TestEventLoopPipelinesBatches(t *testing.T) {
+	held := make(chan struct{}, 1)
+	fake, _ := fakeLineUpstream(t, func(c net.Conn, line string) bool {
+		switch line {
+		case "get hold\r\n":
+			held <- struct{}{}
+			return true // answered with the next line's reply
+		case "get next\r\n":
+			io.WriteString(c, "VALUE hold 0 1\r\nh\r\nEND\r\nVALUE next 0 1\r\nn\r\nEND\r\n")
+		default:
+			io.WriteString(c, "END\r\n")
+		}
+		return true
+	})
+	cfg := loopConfig(fake)
+	cfg.Timeout = 10 * time.Second // the replies must come from the server, not a timeout
+	p, addr := startProxy(t, cfg)
+	if got := newLineClient(t, addr).do("get x\r\n"); got != "END\r\n" {
+		t.Fatalf("get x answered %q", got)
+	}
+	before := p.Upstreams()[0].Requests
+	a, b := newLineClient(t, addr), newLineClient(t, addr)
+	for _, c := range []*lineClient{a, b} {
+		c.c.SetDeadline(time.Now().Add(3 * time.Second))
+	}
+	if _, err := io.WriteString(a.c, "get hold\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-held:
+	case <-time.After(3 * time.Second):
+		t.Fatal("get hold did not reach the server")
+	}
+	if _, err := io.WriteString(b.c, "get next\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		c    *lineClient
+		want string
+	}{{a, "VALUE hold 0 1\r\nh\r\nEND\r\n"}, {b, "VALUE next 0 1\r\nn\r\nEND\r\n"}} {
+		if got, err := readReply(tc.c.br); got != tc.want {
+			t.Errorf("answered %q (%v), want %q: the second batch waited for the first", got, err, tc.want)
+		}
+	}
+	if n := p.Upstreams()[0].Requests - before; n != 2 {
+		t.Errorf("two batches counted as %d requests to the server", n)
 	}
 }

@@ -34,9 +34,9 @@ import (
 // server, one connection of its own. A request is read, sent upstream,
 // answered and written on the loop's thread: it never waits in a
 // goroutine, so it costs no scheduling. Requests of all the loop's clients
-// to one server go out in one write while the previous batch's replies
-// are read (one batch in flight per connection), and replies come back in
-// order.
+// to one server go out in one write each time the loop has handled what
+// one poll returned, whatever batches are still in flight before them,
+// and replies come back in order.
 //
 // The loop answers the commands store-gateways send all day: get and
 // gets, the storage commands (values enveloped and keys rewritten as on
@@ -289,6 +289,8 @@ type loopReq struct {
 	// get line (see loopUpstream.join); share, the reply they share.
 	joined int
 	share  *loopShare
+	// ends marks the last request of one write upstream (a batch).
+	ends bool
 }
 
 // loopShare is one reply that the requests joined into one get line
@@ -310,7 +312,8 @@ type loopUpstream struct {
 	sent    int
 	scan    replyScan
 	tls     *loopTLS // the connection's TLS client, with --upstream-tls-enabled
-	// batchErr is the first error a reply of the batch in flight was.
+	// batchErr is the first error a reply of the oldest batch in flight
+	// was.
 	batchErr error
 	// join is the request whose get line ends out at joinEnd, which the
 	// next retrieval's keys may join (see ask).
@@ -1415,21 +1418,24 @@ func (ls *loopState) upstream(srv *upstream.Server) *loopUpstream {
 	return u
 }
 
-// flush writes the requests waiting when no batch is in flight, dialling
-// first if the loop has no connection to the server.
+// flush writes the requests waiting as one batch, dialling first if the
+// loop has no connection to the server. Batches already in flight do not
+// hold it back: the connection is a pipeline, as twemproxy's are, and a
+// request waits for no round trip but its own.
 func (u *loopUpstream) flush() {
-	if u.q.len() == u.sent || u.sent > 0 {
+	if u.q.len() == u.sent {
 		return
 	}
 	if u.gc == nil {
 		u.dial()
 		return
 	}
-	for _, r := range u.q.all() {
+	batch := u.q.all()[u.sent:]
+	for _, r := range batch {
 		r.began = u.ls.now // the upstream timeout runs from here
 	}
+	batch[len(batch)-1].ends = true
 	u.sent = u.q.len()
-	u.batchErr = nil
 	u.join = nil
 	// A write error closes the connection there and then, and OnClose
 	// fails the batch; what answering it queues on u goes into a buffer
@@ -1507,7 +1513,7 @@ func (u *loopUpstream) fail(err error) {
 	u.srv.Record(u.q.front().began, err)
 	q := u.q.all()
 	u.q, u.sent, u.out = reqQueue{}, 0, u.out[:0] // what answering q queues goes to a new array
-	u.join = nil
+	u.join, u.batchErr = nil, nil
 	u.scan = replyScan{}
 	for _, r := range q {
 		if r.drop > 0 {
@@ -1565,8 +1571,8 @@ func (s *loopSlot) release() {
 	}
 }
 
-// replies reads the replies that have arrived, in order, and sends the
-// next batch once the last one is answered.
+// replies reads the replies that have arrived and answers their requests,
+// in order.
 func (u *loopUpstream) replies() {
 	gc, t := u.gc, u.tls
 	var readErr error // the end of a TLS session, after the replies in it
@@ -1605,12 +1611,15 @@ func (u *loopUpstream) replies() {
 		}
 		u.q.pop()
 		u.sent--
+		ends := r.ends
 		joined := u.joined[:0]
 		if r.joined > 0 {
 			// The requests that share r's get line share its reply.
 			joined = append(joined, r)
 			for range r.joined {
-				joined = append(joined, u.q.front())
+				q := u.q.front()
+				joined = append(joined, q)
+				ends = ends || q.ends
 				u.q.pop()
 				u.sent--
 			}
@@ -1619,10 +1628,11 @@ func (u *loopUpstream) replies() {
 		if err != nil && u.batchErr == nil {
 			u.batchErr = err
 		}
-		if u.sent == 0 {
+		if ends {
 			// A batch counts once in the server's requests, as on the
 			// goroutine path, with the first error a reply in it was.
 			u.srv.Record(r.began, u.batchErr)
+			u.batchErr = nil
 		}
 		switch {
 		case err != nil:
