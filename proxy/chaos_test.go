@@ -19,8 +19,8 @@ import (
 // whose servers reset one in ten of the proxy's connections just after
 // passing on a chunk of reply, with the codec deleting damaged items, and
 // envelopes damaged straight in memcached all the while: what the proxy
-// writes while it handles a reply (the delete of a damaged item, a fill,
-// the next batch) often fails on the spot. Checking clients pipeline gets,
+// writes after it handles a reply (the delete of a damaged item, a fill,
+// a zone's next read) often fails on the spot. Checking clients pipeline gets,
 // storage commands, deletes, incrs and noreply sets; a rude client
 // pipelines and resets without reading; the loop is stalled now and then,
 // so that much arrives in one pass. Misses and upstream errors are

@@ -639,8 +639,9 @@ func (l *eventLoops) OnTraffic(gc gnet.Conn) gnet.Action {
 
 // OnPollEnd writes what the loop's events queued upstream, once gnet has
 // handled every event one epoll_wait returned and the tasks it ran: the
-// requests of every client read then, and the batch after a reply read,
-// go out in one write per server, and the writes that wake memcached come
+// requests of every client read then, and what answering replies queued
+// (a zone's next read, a fill, the delete of a damaged item), go out in
+// one write per server, and the writes that wake memcached come
 // last before the loop waits, rather than one that memcached's thread
 // preempts it at while events are left to handle.
 //
@@ -987,7 +988,7 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 	c.lastCmd.Store(s.began.UnixNano())
 	// With the local tier on, keys are asked with mg, which tells the time
 	// to live an entry needs. The requests go out in OnPollEnd.
-	s.send(reqUps, 0, p.tier != nil, false)
+	s.send(reqUps, 0, p.tier != nil)
 	if s.pending == 0 {
 		s.finish() // every key answered by the tier, or failed
 	}
@@ -1014,15 +1015,12 @@ func (s *loopSlot) group(reqUps []*loopUpstream, start int, u *loopUpstream, i i
 // once when flush says so. The retrieval waits for them all; it is one
 // request more until all are sent, so that those that fail at once do
 // not finish it before.
-func (s *loopSlot) send(reqUps []*loopUpstream, start int, meta, flush bool) {
+func (s *loopSlot) send(reqUps []*loopUpstream, start int, meta bool) {
 	s.pending = len(reqUps) + 1
 	for ri, u := range reqUps {
 		r := s.reqs[start+ri]
 		r.meta = meta
 		s.ask(u, r)
-		if flush {
-			u.flush()
-		}
 	}
 	s.pending--
 }
@@ -1235,8 +1233,8 @@ func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite, bui
 }
 
 // tryZone sends the kept request of a write tried zone after zone to its
-// key's server in zone z. The requests of the first zone go out with the
-// others of the poll (OnPollEnd); a later zone's at once.
+// key's server in zone z. It goes out with the other requests of the
+// poll, in OnPollEnd.
 func (s *loopSlot) tryZone(z int) {
 	ls := s.client.ls
 	u := ls.upstreamOf(s.client.c.p.zones[z].up.Load(), s.ups)
@@ -1249,9 +1247,6 @@ func (s *loopSlot) tryZone(z int) {
 	}
 	u.out = append(u.out, s.arena...)
 	u.q.push(r)
-	if z > 0 {
-		u.flush()
-	}
 }
 
 // decide takes zone s.zone's reply (or err) to a write tried zone after
@@ -1363,7 +1358,6 @@ func (s *loopSlot) alignZone(z int, req []byte, count bool) {
 	}
 	if u.queueDropped(s, kind, z) {
 		u.out = append(u.out, req...)
-		u.flush()
 	}
 }
 
@@ -1421,7 +1415,8 @@ func (ls *loopState) upstream(srv *upstream.Server) *loopUpstream {
 // flush writes the requests waiting as one batch, dialling first if the
 // loop has no connection to the server. Batches already in flight do not
 // hold it back: the connection is a pipeline, as twemproxy's are, and a
-// request waits for no round trip but its own.
+// request waits for no earlier batch's round trip to begin its own
+// (replies still come back in order).
 func (u *loopUpstream) flush() {
 	if u.q.len() == u.sent {
 		return
@@ -1438,8 +1433,8 @@ func (u *loopUpstream) flush() {
 	u.sent = u.q.len()
 	u.join = nil
 	// A write error closes the connection there and then, and OnClose
-	// fails the batch; what answering it queues on u goes into a buffer
-	// of its own, which must not be cleared here.
+	// fails every request queued; what answering them queues on u goes
+	// into a buffer of its own, which must not be cleared here.
 	out := u.out
 	u.out = nil
 	if u.tls == nil {
@@ -1669,7 +1664,7 @@ func (u *loopUpstream) replies() {
 		u.abort(readErr)
 		return
 	}
-	// The next batch goes out in OnPollEnd.
+	// What answering queued goes out in OnPollEnd.
 }
 
 var errLoopProtocol = errors.New("upstream reply out of step")
@@ -1736,22 +1731,15 @@ func (s *loopSlot) finish() {
 			return
 		}
 	}
-	lc := s.client
 	// Until the reply is made: answer may queue the delete of a damaged
-	// item, which the reply waits for, and whose failure inside a flush
-	// would otherwise let the slot go while answer still writes it.
+	// item, which the reply waits for.
 	s.pending = 1
 	s.answer()
 	// Only what the client got as a hit is filled: answer made a refused
-	// envelope a miss.
-	filled := s.fill()
+	// envelope a miss. The fill goes upstream in OnPollEnd, after the
+	// client's reply is written: it costs the client no time.
+	s.fill()
 	s.release()
-	if filled {
-		// The client's reply is written first: a fill costs it no time.
-		for _, u := range lc.ls.upList {
-			u.flush()
-		}
-	}
 }
 
 // stored answers a command of one key with memcached's reply line, or
@@ -1911,7 +1899,7 @@ func (s *loopSlot) askNextZone() bool {
 		return false
 	}
 	s.zone, s.zoneStart = z, start
-	s.send(reqUps, start, true, true)
+	s.send(reqUps, start, true)
 	return true
 }
 
@@ -1941,15 +1929,14 @@ func (s *loopSlot) countZoneReads() {
 // fill stores the hits that other zones answered into the local zone, as
 // memcached holds them (envelopes included), with an add and their
 // remaining time to live: a value the local zone got meanwhile is newer,
-// and stays. It reports whether it queued any; the caller writes them.
-func (s *loopSlot) fill() bool {
+// and stays. The adds go out in OnPollEnd.
+func (s *loopSlot) fill() {
 	p := s.client.c.p
 	if s.zone == 0 || !p.cfg.ZoneFill {
-		return false
+		return
 	}
 	ls := s.client.ls
 	up := p.zones[0].up.Load()
-	filled := false
 	for i := range s.owners {
 		o := &s.owners[i]
 		if o.first != 0 || o.zone == 0 || o.block == nil || o.ttl == 0 {
@@ -1962,9 +1949,7 @@ func (s *loopSlot) fill() bool {
 		}
 		u.out = appendStorage(u.out, "add", string(key), o.flags, int32(wire.ExptimeOf(o.ttl)), o.size, 0, false)
 		u.out = append(append(u.out, o.stored()...), crlf...)
-		filled = true
 	}
-	return filled
 }
 
 // answer builds a retrieval's reply once every request is in.
@@ -2092,7 +2077,6 @@ func (s *loopSlot) deleteCorrupt(zone int, key []byte) {
 	u.out = append(u.out, "delete "...)
 	u.out = append(u.out, key...)
 	u.out = append(u.out, crlf...)
-	u.flush()
 }
 
 // written writes the client's replies that are ready, in order, and hands
