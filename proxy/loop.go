@@ -1010,11 +1010,11 @@ func (s *loopSlot) group(reqUps []*loopUpstream, start int, u *loopUpstream, i i
 	return reqUps
 }
 
-// send sends the retrieval's requests from reqs[start:], one to each
-// server of reqUps, as mg lines when meta says so, and writes each at
-// once when flush says so. The retrieval waits for them all; it is one
-// request more until all are sent, so that those that fail at once do
-// not finish it before.
+// send queues the retrieval's requests from reqs[start:], one to each
+// server of reqUps, as mg lines when meta says so; they are written in
+// OnPollEnd. The retrieval waits for them all; it is one request more
+// until all are queued, so that those that fail at once (an ejected
+// server) do not finish it before.
 func (s *loopSlot) send(reqUps []*loopUpstream, start int, meta bool) {
 	s.pending = len(reqUps) + 1
 	for ri, u := range reqUps {
