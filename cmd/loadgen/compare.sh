@@ -33,7 +33,10 @@
 #   LOADS [1 2 3 4]: the loads to measure, e.g. LOADS="1 3"
 #   CONNS, VALUE_SIZE, GET_RATIO, MULTIGET [per load]: when set, override
 #     that setting in every load
-#   LOADGEN_ARGS []: more loadgen flags, passed as they are
+#   LOADGEN_ARGS []: more loadgen flags, passed as they are; e.g.
+#     --event-loops 0 runs loadgen's timed phase on a goroutine per
+#     connection, as before it had event loops (it costs loadgen about
+#     half as much CPU again, which the servers then lack)
 #   PROXY_ARGS []: more proxy flags, e.g. --upstream-timeout 1s
 #   PROXY_BIN []: measure this proxy binary (an older build, say) instead
 #     of building ./cmd/proxy; it must take --listen, --upstream,

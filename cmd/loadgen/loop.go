@@ -1,0 +1,305 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+)
+
+// The timed phase runs on event loops by default: a goroutine per
+// connection blocked in a read costs loadgen a read that finds nothing, a
+// park and a wake-up on Go's poller for every reply, which made loadgen
+// the biggest user of the CPU that it shares with the servers it measures.
+// On a loop each reply costs one read once epoll says it has come, and the
+// next request one write. The connections are dialled, and the keys
+// pre-populated, on goroutines as before; TLS stays on them throughout.
+
+// loopDriver is the event handler of the timed phase's loops.
+type loopDriver struct {
+	gnet.BuiltinEventEngine
+	sh      *shared
+	workers []*worker
+	cli     *gnet.Client
+	left    atomic.Int64  // workers not finished
+	done    chan struct{} // closed when left reaches 0
+	stopped chan struct{} // ends the timeout watch
+}
+
+// errReplyTimeout is what a reply that took longer than --timeout fails
+// its connection with.
+var errReplyTimeout = errors.New("no reply within --timeout")
+
+// startLoops hands the workers' connections to n event loops, where they
+// wait for run.
+func startLoops(sh *shared, workers []*worker, n int) (*loopDriver, error) {
+	d := &loopDriver{sh: sh, workers: workers, done: make(chan struct{}), stopped: make(chan struct{})}
+	cli, err := gnet.NewClient(d, gnet.WithNumEventLoop(n), gnet.WithTCPNoDelay(gnet.TCPNoDelay),
+		gnet.WithLogger(gnetLog{}))
+	if err != nil {
+		return nil, err
+	}
+	if err := cli.Start(); err != nil {
+		return nil, err
+	}
+	d.cli = cli
+	for _, w := range workers {
+		if w.dead {
+			continue
+		}
+		gc, err := cli.EnrollContext(w.nc, w) // closes w.nc, keeping a copy of its socket
+		if err != nil {
+			d.stop()
+			return nil, fmt.Errorf("conn %d: onto an event loop: %w", w.id, err)
+		}
+		w.gc, w.onLoop = gc, true
+		w.wr.Reset(&w.out)
+		d.left.Add(1)
+	}
+	return d, nil
+}
+
+// run has every connection send its first request and returns once all
+// have finished.
+func (d *loopDriver) run() {
+	if d.left.Load() == 0 {
+		return
+	}
+	go d.watch()
+	for _, w := range d.workers {
+		if w.gc != nil {
+			w.gc.Wake(nil) // its OnTraffic sends the first request
+		}
+	}
+	<-d.done
+}
+
+// stop stops the loops, closing their connections.
+func (d *loopDriver) stop() {
+	close(d.stopped)
+	d.cli.Stop()
+}
+
+// watch closes the connections whose reply is overdue, as the deadline
+// of a blocked read would.
+func (d *loopDriver) watch() {
+	timeout := d.sh.cfg.timeout
+	t := time.NewTicker(min(timeout/4, 100*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-d.stopped:
+			return
+		case <-d.done:
+			return
+		case now := <-t.C:
+			for _, w := range d.workers {
+				sent := w.sentAt.Load()
+				if sent != 0 && now.UnixNano()-sent > int64(timeout) && !w.timedOut.Swap(true) {
+					w.gc.Close()
+				}
+			}
+		}
+	}
+}
+
+func (d *loopDriver) OnTraffic(c gnet.Conn) gnet.Action {
+	w := c.Context().(*worker)
+	if w.finished {
+		return gnet.None
+	}
+	if !w.inFlight {
+		return d.next(w) // woken by run
+	}
+	// A reply read whole in one go is read where gnet read it; one that
+	// comes in pieces is gathered in w.acc, its first piece copied there
+	// and the rest read into it (see ReadInto).
+	in, _ := c.Next(-1)
+	buf := in
+	if n := len(w.acc); n > 0 {
+		if len(in) > 0 && n < cap(w.acc) && &w.acc[:n+1][n] == &in[0] {
+			w.acc = w.acc[:n+len(in)]
+		} else {
+			w.acc = append(w.acc, in...)
+		}
+		buf = w.acc
+	}
+	n := w.scan.end(buf)
+	if n == 0 {
+		if len(w.acc) == 0 {
+			w.acc = append(w.acc, in...)
+		}
+		return gnet.None // the rest of the reply is still to come
+	}
+	w.reply = buf[:n]
+	var err error
+	if w.setKey < 0 {
+		err = w.recvGet()
+	} else {
+		err = w.recvSet(w.setKey)
+	}
+	switch {
+	case err != nil:
+	case len(w.reply) > 0:
+		err = fmt.Errorf("reply read short of its framing: %w", errFraming)
+	case len(buf) > n:
+		err = fmt.Errorf("%d bytes after the reply: %w", len(buf)-n, errFraming)
+	}
+	w.reply, w.acc = nil, w.acc[:0]
+	w.completed()
+	if err != nil {
+		d.fail(w, err)
+		return gnet.Close
+	}
+	return d.next(w)
+}
+
+// ReadInto has the rest of a reply that came in pieces read straight
+// into w.acc, where its first piece waits.
+func (d *loopDriver) ReadInto(c gnet.Conn) []byte {
+	w := c.Context().(*worker)
+	if len(w.acc) == 0 || c.InboundBuffered() > 0 {
+		return nil
+	}
+	w.acc = slices.Grow(w.acc, max(w.scan.need-len(w.acc), 64<<10))
+	return w.acc[len(w.acc):cap(w.acc)]
+}
+
+// next sends the worker's next request, or finishes it when the run is
+// over.
+func (d *loopDriver) next(w *worker) gnet.Action {
+	cfg := w.cfg
+	now := time.Now()
+	if cfg.duration > 0 && !now.Before(w.sh.end) || cfg.requests > 0 && w.sh.claimed.Add(1) > cfg.requests {
+		d.finish(w)
+		return gnet.None
+	}
+	if len(w.own) == 0 || w.rng.Float64() < cfg.getRatio {
+		w.setKey = -1
+		w.sendGet()
+	} else {
+		w.setKey = w.rng.IntN(len(w.own))
+		w.sendSet(w.setKey)
+	}
+	w.wr.Flush() // into w.out
+	w.scan = replyScan{get: w.setKey < 0}
+	w.began, w.inFlight = now, true
+	w.sentAt.Store(now.UnixNano())
+	_, err := w.gc.Write(w.out.b) // gnet keeps what the socket does not take
+	w.out.b = w.out.b[:0]
+	if err != nil {
+		w.completed()
+		d.fail(w, err)
+		return gnet.Close
+	}
+	return gnet.None
+}
+
+// completed counts the request in flight as done.
+func (w *worker) completed() {
+	if w.setKey < 0 {
+		w.gets++
+	} else {
+		w.sets++
+	}
+	w.requests++
+	w.latency.record(uint64(time.Since(w.began)))
+	w.inFlight = false
+	w.sentAt.Store(0)
+}
+
+func (d *loopDriver) OnClose(c gnet.Conn, err error) gnet.Action {
+	w := c.Context().(*worker)
+	if w.finished {
+		return gnet.None
+	}
+	if w.inFlight {
+		w.completed()
+	}
+	switch {
+	case w.timedOut.Load():
+		err = errReplyTimeout
+	case err == nil:
+		err = io.ErrUnexpectedEOF
+	}
+	d.fail(w, err)
+	return gnet.None
+}
+
+// fail gives the worker up, as fail does on a goroutine.
+func (d *loopDriver) fail(w *worker, err error) {
+	w.errors++
+	w.sh.report("conn %d: %v", w.id, err)
+	d.finish(w)
+}
+
+func (d *loopDriver) finish(w *worker) {
+	w.finished = true
+	w.sentAt.Store(0)
+	if d.left.Add(-1) == 0 {
+		close(d.done)
+	}
+}
+
+// replyScan finds where the reply to the request in flight ends, over
+// the calls that see more of it: a get's ends at END (or at an error
+// line), a set's at its first line. A reply the worker does not expect
+// ends at its first line, where the worker's reading finds it wrong.
+type replyScan struct {
+	get bool
+	// The reply is whole up to scan, where a line begins, and cannot end
+	// before it is need bytes long.
+	scan, need int
+}
+
+// end returns the length of the reply that b begins with, b being all of
+// the connection's bytes not yet read, once b holds the whole reply, or 0.
+func (r *replyScan) end(b []byte) int {
+	for r.need <= len(b) {
+		i := bytes.IndexByte(b[r.scan:], '\n')
+		if i < 0 {
+			r.need = len(b) + 1
+			return 0
+		}
+		line := b[r.scan : r.scan+i+1]
+		next := r.scan + i + 1
+		if !r.get || !bytes.HasPrefix(line, lineValue) {
+			return next
+		}
+		_, _, n, ok := parseValueLine(line)
+		if !ok {
+			return next
+		}
+		r.scan = next + n + 2
+		r.need = r.scan + len(lineEnd)
+	}
+	return 0
+}
+
+// outBuf collects a request on its way to gnet.
+type outBuf struct{ b []byte }
+
+func (o *outBuf) Write(p []byte) (int, error) {
+	o.b = append(o.b, p...)
+	return len(p), nil
+}
+
+// gnetLog passes on only gnet's errors.
+type gnetLog struct{}
+
+func (gnetLog) Debugf(string, ...any) {}
+func (gnetLog) Infof(string, ...any)  {}
+func (gnetLog) Warnf(string, ...any)  {}
+func (gnetLog) Errorf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "loadgen: gnet: "+format+"\n", args...)
+}
+func (gnetLog) Fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "loadgen: gnet: "+format+"\n", args...)
+	os.Exit(2)
+}
