@@ -6,52 +6,13 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
-)
 
-// startMemcached runs a real memcached on a free loopback port for the
-// test's lifetime and returns its address.
-func startMemcached(t *testing.T) string {
-	t.Helper()
-	bin, err := exec.LookPath("memcached")
-	if err != nil {
-		t.Fatalf("memcached is not installed (the README's test command installs it): %v", err)
-	}
-	for range 5 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-		cmd := exec.Command(bin, "-l", "127.0.0.1", "-p", strconv.Itoa(port), "-U", "0", "-t", "2", "-m", "64", "-u", "nobody")
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		exited := make(chan struct{})
-		go func() { cmd.Wait(); close(exited) }()
-		t.Cleanup(func() { cmd.Process.Kill(); <-exited })
-		addr := "127.0.0.1:" + strconv.Itoa(port)
-		for range 100 {
-			if c, err := net.Dial("tcp", addr); err == nil {
-				c.Close()
-				return addr
-			}
-			select {
-			case <-exited:
-			case <-time.After(20 * time.Millisecond):
-				continue
-			}
-			break
-		}
-	}
-	t.Fatal("could not start memcached")
-	return ""
-}
+	"mcsidecar/proxy/memcachedtest"
+)
 
 // runLoadgen runs loadgen with args and returns its result line, whether
 // it judged the server right, and what it said on stderr.
@@ -85,13 +46,13 @@ func field(t *testing.T, line, k string) int {
 // loops and on goroutines, against a real memcached: every value read
 // must check out, and the requests asked for must all be made.
 func TestAgainstMemcached(t *testing.T) {
-	addr := startMemcached(t)
+	addr := memcachedtest.Start(t)
 	for _, loops := range []string{"-1", "2", "0"} {
 		for _, shape := range [][]string{
 			{"--multiget", "1", "--get-ratio", "0.9"},
 			{"--multiget", "10", "--get-ratio", "0.9"},
 			{"--multiget", "100", "--value-size", "3072", "--conns", "8"},
-			{"--multiget", "1", "--get-ratio", "0.5", "--value-size", "200000", "--keys", "100"},
+			{"--multiget", "1", "--get-ratio", "0.5", "--value-size", "200000", "--keys", "40"},
 		} {
 			args := append([]string{"--addr", addr, "--requests", "3000", "--keys", "500", "--event-loops", loops}, shape...)
 			line, ok, stderr := runLoadgen(t, args...)
@@ -111,7 +72,7 @@ func TestAgainstMemcached(t *testing.T) {
 // TestFindsWrongValues has a server that serves one byte of one value
 // wrong, now and then, among good replies: loadgen must count them.
 func TestFindsWrongValues(t *testing.T) {
-	mc := startMemcached(t)
+	mc := memcachedtest.Start(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -15,7 +15,6 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -26,83 +25,9 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"go.yaml.in/yaml/v3"
+
+	"mcsidecar/proxy/memcachedtest"
 )
-
-// freeAddr returns a loopback address with a port free a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// waitDial waits until addr accepts connections.
-func waitDial(t *testing.T, addr string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s does not accept connections: %v", addr, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// startMemcached runs a real memcached on loopback for the test.
-func startMemcached(t *testing.T) string {
-	t.Helper()
-	bin, err := exec.LookPath("memcached")
-	if err != nil {
-		t.Fatalf("memcached is not installed (the README's test command installs it): %v", err)
-	}
-	// Tests of other packages start memcached on free ports at the same
-	// time: one that lost the race for a port exits, and another's server
-	// may answer on it. memcached's stats name the pid that listens.
-	for range 5 {
-		addr := freeAddr(t)
-		_, port, _ := net.SplitHostPort(addr)
-		cmd := exec.Command(bin, "-l", "127.0.0.1", "-p", port, "-U", "0", "-t", "1", "-m", "16", "-u", "nobody")
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		waitDial(t, addr)
-		if statsPid(addr) == strconv.Itoa(cmd.Process.Pid) {
-			return addr
-		}
-		cmd.Process.Kill()
-	}
-	t.Fatal("could not start memcached on a port of its own")
-	return ""
-}
-
-// statsPid returns the pid the memcached on addr reports, or "".
-func statsPid(addr string) string {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return ""
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := c.Write([]byte("stats\r\n")); err != nil {
-		return ""
-	}
-	sc := bufio.NewScanner(c)
-	for sc.Scan() && sc.Text() != "END" {
-		if v, ok := strings.CutPrefix(sc.Text(), "STAT pid "); ok {
-			return v
-		}
-	}
-	return ""
-}
 
 // sidecar is the whole command, run in the test process.
 type sidecar struct {
@@ -115,7 +40,7 @@ type sidecar struct {
 // no --upstream, for args that name the servers (--upstream-zone).
 func startSidecar(t *testing.T, upstream string, args ...string) sidecar {
 	t.Helper()
-	s := sidecar{listen: freeAddr(t), metrics: freeAddr(t), logs: &bytes.Buffer{}}
+	s := sidecar{listen: memcachedtest.FreeAddr(t), metrics: memcachedtest.FreeAddr(t), logs: &bytes.Buffer{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	var mu sync.Mutex
@@ -139,8 +64,8 @@ func startSidecar(t *testing.T, upstream string, args ...string) sidecar {
 			t.Errorf("run did not return 10s after its context ended")
 		}
 	})
-	waitDial(t, s.metrics)
-	waitDial(t, s.listen)
+	memcachedtest.WaitDial(t, s.metrics)
+	memcachedtest.WaitDial(t, s.listen)
 	return s
 }
 
@@ -209,7 +134,7 @@ func sampleNames(mfs map[string]*dto.MetricFamily) map[string]bool {
 // some traffic, so every family has samples.
 func startBusySidecar(t *testing.T) sidecar {
 	t.Helper()
-	return busy(t, startSidecar(t, startMemcached(t)))
+	return busy(t, startSidecar(t, memcachedtest.Start(t)))
 }
 
 // busy sends a sidecar a set and a get of a key, and a get of a key no
@@ -233,7 +158,7 @@ const zoneOnlyKey = "S:team-a:01HZX3K5R9W1V8Q2N4M6P7T0AB:2"
 // with zones have samples too.
 func startBusyZonedSidecar(t *testing.T) sidecar {
 	t.Helper()
-	a, b := startMemcached(t), startMemcached(t)
+	a, b := memcachedtest.Start(t), memcachedtest.Start(t)
 	s := startSidecar(t, "", "--zone=zone-a", "--upstream-zone=zone-a="+a, "--upstream-zone=zone-b="+b, "--local-cache-size=16m")
 	busy(t, s)
 	// Straight to zone-b's memcached, past the sidecar.
@@ -382,7 +307,7 @@ func TestHealthReadinessAndStatusPage(t *testing.T) {
 		}
 	}
 
-	down := startSidecar(t, freeAddr(t))
+	down := startSidecar(t, memcachedtest.FreeAddr(t))
 	if code, body := down.get(t, "/readyz"); code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz with no upstream: %d %q, want 503", code, body)
 	}
@@ -585,7 +510,7 @@ func TestSIGTERMFinishesTheRequestInFlightAndExitsZero(t *testing.T) {
 	}
 	const delay = 700 * time.Millisecond
 	up := slowUpstream(t, delay)
-	listen, metrics := freeAddr(t), freeAddr(t)
+	listen, metrics := memcachedtest.FreeAddr(t), memcachedtest.FreeAddr(t)
 	cmd := exec.Command(bin, "--listen="+listen, "--metrics-listen="+metrics, "--upstream="+up,
 		"--upstream-timeout=5s", "--shutdown-grace=10s", "--log-format=json")
 	var logs bytes.Buffer
@@ -601,7 +526,7 @@ func TestSIGTERMFinishesTheRequestInFlightAndExitsZero(t *testing.T) {
 		cmd.Process.Kill()
 		<-exited
 	})
-	waitDial(t, listen)
+	memcachedtest.WaitDial(t, listen)
 
 	c, err := net.Dial("tcp", listen)
 	if err != nil {
