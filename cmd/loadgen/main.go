@@ -9,7 +9,7 @@
 //
 // Every value is derived from its key, a version and the seed, and carries
 // the key and version in a printable header, so any value read can be
-// checked. Each connection is the only writer of its own slice of the key
+// checked byte for byte. Each connection is the only writer of its own slice of the key
 // space (key i belongs to connection i mod conns): for its own keys it
 // expects exactly the version it last stored; for other keys it accepts any
 // version their owner has begun to store.
@@ -56,6 +56,8 @@ type config struct {
 	waitStart time.Duration
 	tls       bool
 	loops     int
+
+	pad []byte // what values' fillers are cut from: newPad(seed, valueSize)
 }
 
 func (c *config) registerFlags(fs *pflag.FlagSet) {
@@ -141,6 +143,7 @@ func run(args []string, stdout, stderr io.Writer) (bool, error) {
 	if err := cfg.validate(); err != nil {
 		return false, err
 	}
+	cfg.pad = newPad(cfg.seed, cfg.valueSize)
 	sh := newShared(&cfg, stderr)
 	workers := make([]*worker, cfg.conns)
 	for i := range workers {
@@ -713,20 +716,13 @@ func parseUint(b []byte) (uint64, bool) {
 }
 
 // appendValue appends version v of key's value: a printable header naming
-// both, then bytes from a generator seeded by seed, key and version. The
-// filler is raw binary and so contains CR and LF, which keeps servers
-// honest about framing by length.
+// both, then a filler cut from cfg.pad at a place chosen by seed, key and
+// version. The filler is raw binary and so contains CR and LF, which keeps
+// servers honest about framing by length.
 func appendValue(dst []byte, cfg *config, key int, v uint32) []byte {
+	n := len(dst)
 	dst = appendHeader(dst, cfg, key, v)
-	s := cfg.seed ^ uint64(key)<<32 ^ uint64(v)*0x9e3779b97f4a7c15
-	for len(dst)+8 <= cfg.valueSize {
-		x := splitmix(&s)
-		dst = append(dst, byte(x), byte(x>>8), byte(x>>16), byte(x>>24), byte(x>>32), byte(x>>40), byte(x>>48), byte(x>>56))
-	}
-	for x := splitmix(&s); len(dst) < cfg.valueSize; x >>= 8 {
-		dst = append(dst, byte(x))
-	}
-	return dst
+	return append(dst, filler(cfg, key, v, cfg.valueSize-(len(dst)-n))...)
 }
 
 // appendHeader appends the printable header of version v of key's value.
@@ -738,31 +734,42 @@ func appendHeader(dst []byte, cfg *config, key int, v uint32) []byte {
 	return append(dst, '|')
 }
 
+// padSpan is the number of places in the pad a filler may start at.
+const padSpan = 1 << 16
+
+// newPad returns the bytes every filler is cut from: random bytes from a
+// generator seeded by seed, padSpan more than the longest filler. Cutting
+// fillers from one pad rather than generating each keeps checking a value
+// down to a comparison of memory, so that loadgen, which shares the
+// machine with the servers it measures, takes little CPU from them even
+// when every get brings back hundreds of KiB.
+func newPad(seed uint64, valueSize int) []byte {
+	pad := make([]byte, valueSize+padSpan)
+	s := seed
+	for i := 0; i < len(pad); i += 8 {
+		var b [8]byte
+		binary.LittleEndian.PutUint64(b[:], splitmix(&s))
+		copy(pad[i:], b[:])
+	}
+	return pad
+}
+
+// filler returns the n filler bytes of version v of key's value.
+func filler(cfg *config, key int, v uint32, n int) []byte {
+	s := cfg.seed ^ uint64(key)<<32 ^ uint64(v)*0x9e3779b97f4a7c15
+	off := int(splitmix(&s) % padSpan)
+	return cfg.pad[off : off+n]
+}
+
 // isValue reports whether data is version v of key's value, as
-// appendValue would write it, generating the filler as it compares
-// rather than writing it out first.
+// appendValue would write it.
 func isValue(data []byte, cfg *config, key int, v uint32) bool {
 	if len(data) != cfg.valueSize {
 		return false
 	}
 	var hb [64]byte
 	h := appendHeader(hb[:0], cfg, key, v)
-	if !bytes.HasPrefix(data, h) {
-		return false
-	}
-	s := cfg.seed ^ uint64(key)<<32 ^ uint64(v)*0x9e3779b97f4a7c15
-	i := len(h)
-	for ; i+8 <= len(data); i += 8 {
-		if binary.LittleEndian.Uint64(data[i:]) != splitmix(&s) {
-			return false
-		}
-	}
-	for x := splitmix(&s); i < len(data); i, x = i+1, x>>8 {
-		if data[i] != byte(x) {
-			return false
-		}
-	}
-	return true
+	return bytes.HasPrefix(data, h) && bytes.Equal(data[len(h):], filler(cfg, key, v, len(data)-len(h)))
 }
 
 func splitmix(s *uint64) uint64 {

@@ -184,7 +184,7 @@ func TestReplyScan(t *testing.T) {
 // TestIsValue: isValue accepts exactly what appendValue writes.
 func TestIsValue(t *testing.T) {
 	for _, size := range []int{51, 64, 1024, 3077} {
-		cfg := &config{valueSize: size, seed: 7, keyPrefix: "lg:"}
+		cfg := &config{valueSize: size, seed: 7, keyPrefix: "lg:", pad: newPad(7, size)}
 		v := appendValue(nil, cfg, 42, 3)
 		if !isValue(v, cfg, 42, 3) {
 			t.Fatalf("size %d: its own value rejected", size)
