@@ -9,10 +9,10 @@
 //
 // Every value is derived from its key, a version and the seed, and carries
 // the key and version in a printable header, so any value read can be
-// checked byte for byte. Each connection is the only writer of its own slice of the key
-// space (key i belongs to connection i mod conns): for its own keys it
-// expects exactly the version it last stored; for other keys it accepts any
-// version their owner has begun to store.
+// checked byte for byte. Each connection is the only writer of its own
+// slice of the key space (key i belongs to connection i mod conns): for its
+// own keys it expects exactly the version it last stored; for other keys it
+// accepts any version their owner has begun to store.
 package main
 
 import (
