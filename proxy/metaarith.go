@@ -30,30 +30,15 @@ func (c *conn) metaArithmetic(w [][]byte) error {
 			return c.metaArithmeticEnveloped(m, srv, k, bound)
 		})
 	}
-	c.req = appendMetaHead(c.req[:0], "ma ", k, m.wireBin)
-	for _, f := range m.flags[:m.nflags] {
-		switch f[0] {
-		case 't', 'c', 'v':
-			c.req = append(c.req, ' ', f[0])
-		case 'T':
-			c.req = appendMetaFlag(c.req, 'T', int64(m.ttl))
-		case 'N':
-			c.req = appendMetaFlag(c.req, 'N', int64(m.vivify))
-		case 'J':
-			c.req = append(c.req, " J"...)
-			c.req = strconv.AppendUint(c.req, m.initial, 10)
-		case 'D':
-			c.req = append(c.req, " D"...)
-			c.req = strconv.AppendUint(c.req, m.delta, 10)
-		case 'C':
-			c.req = append(c.req, " C"...)
-			c.req = strconv.AppendUint(c.req, m.cas, 10)
-		case 'M':
-			c.req = append(c.req, ' ', 'M', m.mode)
-		}
+	// memcached answers an ma that created its item even when asked
+	// quietly. To know whether it will, a quiet ma with N asks without N
+	// first and, only when the item is missing, again with it.
+	quietVivify := m.quiet && m.hasVivify
+	line, z, srv, err := c.sendDeciding(k, c.metaArithmeticReq(m, k, !quietVivify), nil)
+	if quietVivify && err == nil && bytes.HasPrefix(line, metaCodeNotFound) {
+		line, z, srv, err = c.sendDeciding(k, c.metaArithmeticReq(m, k, true), nil)
+		m.quiet = false
 	}
-	c.req = append(c.req, crlf...)
-	line, z, srv, err := c.sendDeciding(k, c.req, nil)
 	if err != nil {
 		return c.upstreamError(cmdMetaArithmetic, srv, err)
 	}
@@ -71,6 +56,38 @@ func (c *conn) metaArithmetic(w [][]byte) error {
 		return c.metaAnswer(cmdMetaArithmetic, m, metaCodeStored, r, value)
 	}
 	return c.metaAnswer(cmdMetaArithmetic, m, r.code[:], r, nil)
+}
+
+// metaArithmeticReq makes, in c.req, the ma request that goes upstream for
+// m: the client's flags but q, which would leave a shared connection short
+// of a reply, and N only when vivify is set.
+func (c *conn) metaArithmeticReq(m *metaReq, k string, vivify bool) []byte {
+	dst := appendMetaHead(c.req[:0], "ma ", k, m.wireBin)
+	for _, f := range m.flags[:m.nflags] {
+		switch f[0] {
+		case 't', 'c', 'v':
+			dst = append(dst, ' ', f[0])
+		case 'T':
+			dst = appendMetaFlag(dst, 'T', int64(m.ttl))
+		case 'N':
+			if vivify {
+				dst = appendMetaFlag(dst, 'N', int64(m.vivify))
+			}
+		case 'J':
+			dst = append(dst, " J"...)
+			dst = strconv.AppendUint(dst, m.initial, 10)
+		case 'D':
+			dst = append(dst, " D"...)
+			dst = strconv.AppendUint(dst, m.delta, 10)
+		case 'C':
+			dst = append(dst, " C"...)
+			dst = strconv.AppendUint(dst, m.cas, 10)
+		case 'M':
+			dst = append(dst, ' ', 'M', m.mode)
+		}
+	}
+	c.req = append(dst, crlf...)
+	return c.req
 }
 
 // metaArithmeticEnveloped answers ma on a key whose values are enveloped,
@@ -173,7 +190,7 @@ func ttlOf(exptime int32) int32 {
 // client put t.
 func (c *conn) metaArithmeticAnswer(m *metaReq, n, cas uint64, ttl int32, created bool) error {
 	c.p.stats.record(cmdMetaArithmetic, outcomeOK)
-	if m.quiet {
+	if m.quiet && !created { // memcached answers a creation even when quiet
 		return nil
 	}
 	out := c.mst.out[:0]

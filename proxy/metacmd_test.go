@@ -76,6 +76,7 @@ var metaDiffCases = []diffCase{
 	{name: "ma N and J vivify", chunks: req("ma n N0 J5 v\r\nma n v\r\nma m N100 v t\r\nma o N0 v t\r\nma p N0\r\nmg p v\r\n")},
 	{name: "ma miss returns opaque and key", chunks: req("ma n\r\nma n O1 k q\r\nma n MD\r\nma n v t c\r\n")},
 	{name: "ma quiet hides success", chunks: req("set n 0 0 1\r\n1\r\nma n q\r\nma n q v\r\nmn\r\nmg n v\r\n")},
+	{name: "ma quiet still answers a creation", chunks: req("ma n N100 v q\r\nma n N100 v q\r\nma m N0 q\r\nma o N0 J5 v q t c O9 k\r\nmn\r\nmg n v\r\n"), exactCAS: true},
 	{name: "ma with a cas", chunks: req("set n 0 0 1\r\n1\r\nma n C99 v\r\nma n C1 v c\r\n"), exactCAS: true},
 	{name: "ma with bad flags", chunks: req("ma n D-1\r\nma n Dx\r\nma n Jx N0\r\nma n MX\r\nma n MII\r\nma n " + opaque33 + "\r\nma n " + metaFlags1 + " D1\r\nma\r\n")},
 	{name: "ma of a non-numeric value", chunks: req("set n 0 0 1\r\nx\r\nma n\r\nma n q\r\n")},
