@@ -336,10 +336,10 @@ func checkReplies(reply, input []byte) error {
 		}
 		line := reply[off : off+nl-1]
 		next := off + nl + 1
-		if bytes.IndexByte(line, '\r') >= 0 {
+		word, _, _ := bytes.Cut(line, []byte(" "))
+		if bytes.IndexByte(line, '\r') >= 0 && !metaCode(word) {
 			return fmt.Errorf("reply line %q at offset %d holds a carriage return", line, off)
 		}
-		word, _, _ := bytes.Cut(line, []byte(" "))
 		if inValues && string(word) != "VALUE" && string(word) != "END" && string(word) != "SERVER_ERROR" {
 			return fmt.Errorf("values end with %q at offset %d, not END", line, off)
 		}
@@ -356,6 +356,9 @@ func checkReplies(reply, input []byte) error {
 		case "HD", "EN", "NF", "NS", "EX", "MN", "ME":
 			// Meta replies: the code, then flag words.
 			for _, f := range bytes.Split(line, []byte(" "))[1:] {
+				if len(f) > 1 && (f[0] == 'O' || f[0] == 'k') && bytes.Contains(input, f[1:]) {
+					continue // an opaque or key echoed as sent, any byte in it, as memcached does
+				}
 				if len(f) == 0 || bytes.ContainsFunc(f, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
 					return fmt.Errorf("meta reply %q at offset %d has a malformed word", line, off)
 				}
@@ -399,6 +402,16 @@ func checkReplies(reply, input []byte) error {
 		return errors.New("reply ends after values without END")
 	}
 	return nil
+}
+
+// metaCode reports whether word is a meta reply's code: its line may echo
+// an opaque or key holding a carriage return.
+func metaCode(word []byte) bool {
+	switch string(word) {
+	case "HD", "EN", "NF", "NS", "EX", "VA":
+		return true
+	}
+	return false
 }
 
 // decimal reports whether b is a number as memcached writes one: digits

@@ -106,7 +106,7 @@ func (c *conn) metaArithmeticEnveloped(m *metaReq, srv *upstream.Server, k strin
 			return c.metaCreateCounter(m, srv, k, bound)
 		},
 		change: func(old []byte, it *upstream.MetaItem) (bool, error) {
-			if m.hasCAS && it.CAS != m.cas {
+			if m.hasCAS && m.cas != 0 && it.CAS != m.cas { // ma reads C0 as no CAS
 				return false, c.metaAnswer(id, m, metaCodeExists, nil, nil)
 			}
 			var ok bool

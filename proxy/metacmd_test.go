@@ -77,6 +77,7 @@ var metaDiffCases = []diffCase{
 	{name: "ma miss returns opaque and key", chunks: req("ma n\r\nma n O1 k q\r\nma n MD\r\nma n v t c\r\n")},
 	{name: "ma quiet hides success", chunks: req("set n 0 0 1\r\n1\r\nma n q\r\nma n q v\r\nmn\r\nmg n v\r\n")},
 	{name: "ma quiet still answers a creation", chunks: req("ma n N100 v q\r\nma n N100 v q\r\nma m N0 q\r\nma o N0 J5 v q t c O9 k\r\nmn\r\nmg n v\r\n"), exactCAS: true},
+	{name: "C0 is no cas for ma, a mismatch for md and ms", chunks: req("set n 0 0 1\r\n1\r\nma n C0 v\r\nms n 1 C0\r\n5\r\nmd n C0\r\nmd x C0\r\nms x 1 C0\r\n5\r\nmg n v\r\n")},
 	{name: "ma with a cas", chunks: req("set n 0 0 1\r\n1\r\nma n C99 v\r\nma n C1 v c\r\n"), exactCAS: true},
 	{name: "ma with bad flags", chunks: req("ma n D-1\r\nma n Dx\r\nma n Jx N0\r\nma n MX\r\nma n MII\r\nma n " + opaque33 + "\r\nma n " + metaFlags1 + " D1\r\nma\r\n")},
 	{name: "ma of a non-numeric value", chunks: req("set n 0 0 1\r\nx\r\nma n\r\nma n q\r\n")},
