@@ -37,7 +37,7 @@ func (c *conn) metaArithmetic(w [][]byte) error {
 	line, z, srv, err := c.sendDeciding(k, c.metaArithmeticReq(m, k, !quietVivify), nil)
 	if quietVivify && err == nil && bytes.HasPrefix(line, metaCodeNotFound) {
 		line, z, srv, err = c.sendDeciding(k, c.metaArithmeticReq(m, k, true), nil)
-		m.quiet = false
+		m.quiet = false // it creates the item, or another client just did
 	}
 	if err != nil {
 		return c.upstreamError(cmdMetaArithmetic, srv, err)
@@ -151,6 +151,7 @@ func (c *conn) metaCreateCounter(m *metaReq, srv *upstream.Server, k string, bou
 	}
 	cas, _ := wire.ParseUint64(bytes.TrimSuffix(line[len(storedWithCAS):], crlf))
 	c.changed = true
+	m.quiet = false // memcached answers a creation even when asked quietly
 	return false, c.metaArithmeticAnswer(m, n, cas, -1, true)
 }
 
@@ -190,7 +191,7 @@ func ttlOf(exptime int32) int32 {
 // client put t.
 func (c *conn) metaArithmeticAnswer(m *metaReq, n, cas uint64, ttl int32, created bool) error {
 	c.p.stats.record(cmdMetaArithmetic, outcomeOK)
-	if m.quiet && !created { // memcached answers a creation even when quiet
+	if m.quiet {
 		return nil
 	}
 	out := c.mst.out[:0]
