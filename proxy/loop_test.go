@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -1491,5 +1492,86 @@ func TestEventLoopValueLongerThanMemcachedHolds(t *testing.T) {
 				t.Fatalf("%d reads made room for the value", n)
 			}
 		})
+	}
+}
+
+// TestEventLoopChunksKeepRepliesWhole has clients pipeline multi-gets of
+// values of many sizes, distinct byte for byte, over two servers, some
+// clients reading their replies slowly: replies read into one chunk wait
+// there for slow clients and for the other server while the chunks of the
+// others turn over, and replies that span the end of a chunk move. Gets
+// of one to forty keys are both joined into one get line upstream and
+// not. Every reply must be the values asked for, whole, in order.
+func TestEventLoopChunksKeepRepliesWhole(t *testing.T) {
+	p, addr := startProxy(t, loopConfig(startMemcached(t), startMemcached(t)))
+	rng := rand.New(rand.NewPCG(7, 11))
+	const short, long = 48, 4
+	values := make([]string, short+long)
+	for i := range values {
+		size := 100 + rng.IntN(4<<10)
+		if i >= short {
+			size = loopChunkRoom + rng.IntN(loopChunk) // long enough to cross a chunk's end
+		}
+		b := make([]byte, size)
+		for j := range b {
+			b[j] = byte(rng.Uint32())
+		}
+		values[i] = string(b)
+		c := newLineClient(t, addr)
+		if got := c.do(fmt.Sprintf("set chunk%d 0 0 %d\r\n%s\r\n", i, size, b)); got != "STORED\r\n" {
+			t.Fatalf("set chunk%d answered %q", i, got)
+		}
+		c.c.Close()
+	}
+
+	const clients, gets = 8, 12
+	var wg sync.WaitGroup
+	for ci := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(ci), 3))
+			var req, want strings.Builder
+			for range gets {
+				req.WriteString("get")
+				for range 1 + rng.IntN(40) {
+					k := rng.IntN(short)
+					if rng.IntN(40) == 0 {
+						k = short + rng.IntN(long)
+					}
+					fmt.Fprintf(&req, " chunk%d", k)
+					fmt.Fprintf(&want, "VALUE chunk%d 0 %d\r\n%s\r\n", k, len(values[k]), values[k])
+				}
+				req.WriteString("\r\n")
+				want.WriteString("END\r\n")
+			}
+			c := dial(t, addr)
+			c.SetDeadline(time.Now().Add(60 * time.Second))
+			go io.WriteString(c, req.String())
+			got := make([]byte, want.Len())
+			slow := ci%2 == 0
+			for n := 0; n < len(got); {
+				m, err := c.Read(got[n:min(len(got), n+64<<10)])
+				if err != nil {
+					t.Errorf("client %d: %v after %d of %d bytes", ci, err, n, len(got))
+					return
+				}
+				n += m
+				if slow {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			if w := want.String(); string(got) != w {
+				i := 0
+				for i < len(w) && got[i] == w[i] {
+					i++
+				}
+				t.Errorf("client %d: replies differ from byte %d of %d: %.40q, want %.40q", ci, i, len(w), got[i:], w[i:])
+			}
+		}()
+	}
+	wg.Wait()
+	if n := loopHandovers(p); n != 0 {
+		t.Logf("%d connections handed over", n)
 	}
 }
