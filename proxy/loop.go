@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/panjf2000/gnet/v2"
 	"github.com/panjf2000/gnet/v2/pkg/logging"
@@ -317,8 +318,9 @@ type loopUpstream struct {
 	chunk *loopShare
 	tls   *loopTLS // the connection's TLS client, with --upstream-tls-enabled
 	// batchErr is the first error a reply of the oldest batch in flight
-	// was.
+	// was; batches, how many are in flight.
 	batchErr error
+	batches  int
 	// join is the request whose get line ends out at joinEnd, which the
 	// next retrieval's keys may join (see ask).
 	join              *loopReq
@@ -615,6 +617,9 @@ func (l *eventLoops) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	switch x := gc.Context().(type) {
 	case *loopClient:
 		x.gc = gc
+		// Idle from when the loop has it: a loop that was busy when the
+		// connection came must not take it as idle before reading it.
+		x.last = time.Now()
 		_, err := sockio.Written(gc.Fd())
 		x.counted = err == nil
 		x.ls = l.state(gc.EventLoop())
@@ -1438,6 +1443,13 @@ func (ls *loopState) upstream(srv *upstream.Server) *loopUpstream {
 // hold it back: the connection is a pipeline, as twemproxy's are, and a
 // request waits for no earlier batch's round trip to begin its own
 // (replies still come back in order).
+// loopMaxBatches is how many batches a connection has in flight at most:
+// what the loop reads while that many are out waits for the first reply,
+// and goes out with what it read meanwhile, in one write. Two keep
+// memcached busy (it has the next batch when it has answered one) at
+// fewer writes than a write per poll.
+const loopMaxBatches = 2
+
 func (u *loopUpstream) flush() {
 	if u.q.len() == u.sent {
 		return
@@ -1446,6 +1458,10 @@ func (u *loopUpstream) flush() {
 		u.dial()
 		return
 	}
+	if u.batches >= loopMaxBatches {
+		return
+	}
+	u.batches++
 	batch := u.q.all()[u.sent:]
 	for _, r := range batch {
 		r.began = u.ls.now // the upstream timeout runs from here
@@ -1529,7 +1545,7 @@ func (u *loopUpstream) fail(err error) {
 	u.srv.Record(u.q.front().began, err)
 	q := u.q.all()
 	u.q, u.sent, u.out = reqQueue{}, 0, u.out[:0] // what answering q queues goes to a new array
-	u.join, u.batchErr = nil, nil
+	u.join, u.batchErr, u.batches = nil, nil, 0
 	u.dropChunk()
 	for _, r := range q {
 		if r.drop > 0 {
@@ -1648,6 +1664,7 @@ func (u *loopUpstream) replies() {
 			// goroutine path, with the first error a reply in it was.
 			u.srv.Record(r.began, u.batchErr)
 			u.batchErr = nil
+			u.batches--
 		}
 		// The next reply begins where this one ends, in the same chunk.
 		u.scan.next()
@@ -2189,6 +2206,11 @@ func (lc *loopClient) written() {
 		s := lc.slots[n]
 		if !s.noreply && lc.full() {
 			lc.held = true
+			for _, s := range lc.slots[n:] {
+				if s.pending == 0 {
+					lc.ls.detach(s, s.out)
+				}
+			}
 			break
 		}
 		st.latency[s.id].Observe(lc.ls.now.Sub(s.began).Seconds())
@@ -2197,6 +2219,8 @@ func (lc *loopClient) written() {
 			rest = lc.send(s.out)
 		}
 		if lc.hand != nil && !s.noreply && len(rest) > 0 {
+			rest = slices.Clone(rest)
+			lc.ls.detach(s, rest)
 			lc.hand.replies <- rest // the goroutine writes it; its buffers go with it
 		} else {
 			lc.ls.putSlot(s)
@@ -2650,6 +2674,38 @@ func (lc *loopClient) put(bufs [][]byte, copyMax int) (n int, rest [][]byte, ok 
 		lc.keep(rest)
 	}
 	return n + left, nil, true
+}
+
+// detach copies the upstream replies of slot s out of the chunks they
+// were read into, points the pieces of out (s's reply, or what is left of
+// it) into the copies, and lets go of the chunks: a client that the loop
+// holds back (see full), or whose connection moves to a goroutine, keeps
+// its replies' bytes, not the chunks they share with everyone else's.
+// Each upstream reply is copied once, so a value that the reply names
+// many times (a key repeated in one get) is still held once.
+func (ls *loopState) detach(s *loopSlot, out [][]byte) {
+	for _, r := range s.reqs {
+		if r.share == nil {
+			continue
+		}
+		b := slices.Clone(r.buf)
+		for i, piece := range out {
+			if off, ok := within(piece, r.buf); ok {
+				out[i] = b[off : off+len(piece) : off+len(piece)]
+			}
+		}
+		ls.release(r.share)
+		r.share, r.buf = nil, b
+	}
+}
+
+// within reports whether piece lies inside buf, and where it begins there.
+func within(piece, buf []byte) (int, bool) {
+	if len(piece) == 0 || len(buf) == 0 {
+		return 0, false
+	}
+	off := int(uintptr(unsafe.Pointer(&piece[0])) - uintptr(unsafe.Pointer(&buf[0])))
+	return off, off >= 0 && off+len(piece) <= len(buf)
 }
 
 // bufsLen is how many bytes bufs holds.
