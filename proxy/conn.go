@@ -547,6 +547,18 @@ type countingConn struct {
 	direct       bool           // a plain socket: writev writes many pieces at once
 	raw          *sockio.Writer // its writes, with direct
 	failed       atomic.Bool
+	// idleCounted: the connection is counted as closed for idling, once,
+	// whether its write or its read timed out first (see countIdle).
+	idleCounted atomic.Bool
+}
+
+// countIdle counts the connection in idle_kicks unless it was already:
+// a client that takes no replies may see its write and its read time out
+// at once, on two goroutines.
+func (cc *countingConn) countIdle() {
+	if cc.idleCounted.CompareAndSwap(false, true) {
+		cc.stats.connsIdleClosed.Add(1)
+	}
 }
 
 func (cc *countingConn) Read(b []byte) (int, error) {
@@ -586,7 +598,7 @@ func (cc *countingConn) wrote(n int64, err error) error {
 	cc.stats.bytesWritten.Add(uint64(n))
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			cc.stats.connsIdleClosed.Add(1)
+			cc.countIdle()
 		}
 		cc.failed.Store(true)
 	}

@@ -45,6 +45,6 @@ func (c *conn) idleClosed(err error) bool {
 	if c.p.cfg.IdleTimeout <= 0 || c.p.draining() || c.cc.failed.Load() || !errors.Is(err, os.ErrDeadlineExceeded) {
 		return false
 	}
-	c.p.stats.connsIdleClosed.Add(1)
+	c.cc.countIdle()
 	return true
 }
