@@ -1748,8 +1748,8 @@ func (u *loopUpstream) takeChunk(n int) {
 // chunk.
 func (u *loopUpstream) adopt() {
 	acc, buf := u.scan.acc, u.chunk.buf
-	if cap(acc) > 0 && &acc[:cap(acc)][cap(acc)-1] == &buf[:cap(buf)][cap(buf)-1] {
-		return // still ends where the chunk does
+	if _, ok := within(acc[:cap(acc)], buf[:cap(buf)]); ok {
+		return // still in the chunk
 	}
 	u.ls.release(u.chunk)
 	u.chunk = take(&u.ls.shares)
