@@ -53,7 +53,7 @@ import (
 
 // loopTick is how often each loop checks its upstream deadlines, idle
 // clients and a shutdown.
-const loopTick = 10 * time.Millisecond
+var loopTick = 10 * time.Millisecond // a var: a test puts it out of reach
 
 // loopReadBuffer is how much each read of a loop takes at most (gnet's
 // read buffer, one per loop; gnet's default is 64 KiB). A memcached reply
@@ -81,9 +81,10 @@ const (
 // loopOutMax is the most bytes of a client's replies gnet holds, written
 // once the socket has room. A client that reads its replies slower than
 // that makes the loop hold its next replies where they are and answer no
-// more of its requests, until gnet holds less again (checked every
-// loopTick); so a client that sends gets and reads no replies costs the
-// proxy what it sent, up to loopUnreadMax, not the replies.
+// more of its requests, until gnet holds less again (checked at the end
+// of each poll of its loop, and every loopTick); so a client that sends
+// gets and reads no replies costs the proxy what it sent, up to
+// loopUnreadMax, not the replies.
 const loopOutMax = loopCopyMax
 
 // eventLoops runs the gnet loops of a proxy.
@@ -112,12 +113,16 @@ type loopState struct {
 	ups     map[*upstream.Server]*loopUpstream
 	upList  []*loopUpstream // ups' values, which OnPollEnd flushes
 	clients map[*loopClient]struct{}
-	slots   []*loopSlot
-	reqs    []*loopReq
-	shares  []*loopShare
-	chunks  [][]byte // chunks to read replies into, no longer referred to
-	dec     []byte   // a value being opened
-	sealBuf []byte   // a reply to a TLS client, before encryption
+	// held: the clients held back (loopClient.held), which OnPollEnd
+	// resumes once gnet holds few enough of their replies; heldSpare is
+	// the array the next pass fills.
+	held, heldSpare []*loopClient
+	slots           []*loopSlot
+	reqs            []*loopReq
+	shares          []*loopShare
+	chunks          [][]byte // chunks to read replies into, no longer referred to
+	dec             []byte   // a value being opened
+	sealBuf         []byte   // a reply to a TLS client, before encryption
 	// now is when the loop's callback running began: the clock is read
 	// once per event, not per request (four reads a request otherwise).
 	now time.Time
@@ -137,6 +142,7 @@ type loopClient struct {
 	inTraffic        bool // in the client's own OnTraffic, which closes it by its return
 	writing          bool // written is running
 	held             bool // replies or requests wait until gnet holds fewer bytes of replies (loopOutMax)
+	inHeld           bool // in loopState.held
 	unread           int  // bytes buffered that were already counted
 	last             time.Time
 	hand             *handover // replies owed to a connection handed over
@@ -677,6 +683,9 @@ func (l *eventLoops) OnTraffic(gc gnet.Conn) gnet.Action {
 // is lost at most once, and a new one is dialled, so it ends.
 func (l *eventLoops) OnPollEnd(el gnet.EventLoop) {
 	ls := l.state(el)
+	if len(ls.held) > 0 {
+		ls.resumeHeld() // what they ask goes out below
+	}
 	for again := true; again; {
 		again = false
 		for _, u := range ls.upList {
@@ -684,6 +693,49 @@ func (l *eventLoops) OnPollEnd(el gnet.EventLoop) {
 			u.flush()
 			again = again || (gc != nil && u.gc != gc)
 		}
+	}
+}
+
+// resumeHeld resumes the clients held back that gnet has written enough
+// of the replies of: a write of the poll that ended may have been theirs.
+// The rest wait for a later poll, or for the tick.
+func (ls *loopState) resumeHeld() {
+	held := ls.held
+	ls.held = ls.heldSpare[:0]
+	for _, lc := range held {
+		if _, open := ls.clients[lc]; !open || !lc.held {
+			lc.inHeld = false // closed, or resumed by the tick
+			continue
+		}
+		if lc.full() {
+			ls.held = append(ls.held, lc)
+			continue
+		}
+		lc.inHeld = false
+		lc.resume()
+	}
+	clear(held)
+	ls.heldSpare = held[:0]
+}
+
+// hold holds the client's replies and requests back until gnet holds
+// fewer of its replies than loopOutMax.
+func (lc *loopClient) hold() {
+	lc.held = true
+	if !lc.inHeld {
+		lc.inHeld = true
+		lc.ls.held = append(lc.ls.held, lc)
+	}
+}
+
+// resume writes the replies a client was held back from, and answers the
+// requests held back with them.
+func (lc *loopClient) resume() {
+	lc.held = false
+	if len(lc.slots) > 0 {
+		lc.written() // and the requests held back with them
+	} else {
+		lc.process()
 	}
 }
 
@@ -740,12 +792,7 @@ func (ls *loopState) check() {
 				ls.el.Close(lc.gc)
 			}
 		case lc.held:
-			lc.held = false
-			if len(lc.slots) > 0 {
-				lc.written() // and the requests held back with them
-			} else {
-				lc.process()
-			}
+			lc.resume()
 		case len(lc.slots) > 0:
 		case p.draining():
 			if lc.gc.OutboundBuffered() == 0 { // else gnet would drop the rest
@@ -860,7 +907,7 @@ func (lc *loopClient) process() {
 		return
 	}
 	if lc.full() {
-		lc.held = true
+		lc.hold()
 		return
 	}
 	lc.inProcess = true
@@ -2205,7 +2252,7 @@ func (lc *loopClient) written() {
 	for n < len(lc.slots) && lc.slots[n].pending == 0 {
 		s := lc.slots[n]
 		if !s.noreply && lc.full() {
-			lc.held = true
+			lc.hold()
 			for _, s := range lc.slots[n:] {
 				if s.pending == 0 {
 					lc.ls.detach(s, s.out)

@@ -1610,3 +1610,28 @@ func TestEventLoopHeldRepliesLetGoOfChunks(t *testing.T) {
 		}
 	}
 }
+
+// TestEventLoopResumesHeldClientsWhenWritten holds a client back, as
+// TestEventLoopHeldRepliesLetGoOfChunks does, with the loop's tick an hour
+// away: the client must still get every reply, resumed at the end of the
+// poll in which gnet wrote enough of what it held, not at the next tick.
+func TestEventLoopResumesHeldClientsWhenWritten(t *testing.T) {
+	tick := loopTick
+	loopTick = time.Hour
+	t.Cleanup(func() { loopTick = tick }) // after the proxy's own cleanup
+	p, addr := startProxy(t, loopConfig(startMemcached(t)))
+	want := setBig(t, addr, 16<<10)
+	c := dialSmallWindow(t, addr)
+	const gets = 250
+	if _, err := io.WriteString(c, strings.Repeat("get big\r\n", gets)); err != nil {
+		t.Fatal(err)
+	}
+	waitOnLoop(t, p, func(lc *loopClient) bool { return lc.held })
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	got := make([]byte, len(want))
+	for i := range gets {
+		if _, err := io.ReadFull(c, got); err != nil || string(got) != want {
+			t.Fatalf("reply %d: %.60q (%v)", i, got, err)
+		}
+	}
+}
