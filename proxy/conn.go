@@ -185,6 +185,9 @@ func (c *conn) serve() {
 	defer c.putWriter()
 	defer c.rd.release()
 	c.startIdleClock()
+	if testStall > 0 {
+		time.Sleep(testStall)
+	}
 	var err error
 	if rc := sockio.RawConnOf(c.nc); rc != nil {
 		err = c.serveReady(rc)
@@ -273,9 +276,31 @@ func (c *conn) serveReady(rc syscall.RawConn) error {
 			c.nc.SetReadDeadline(c.idleBy)
 			continue
 		}
+		if errors.Is(err, os.ErrDeadlineExceeded) && !c.idleBy.IsZero() && !time.Now().Before(c.idleBy) {
+			// The idle clock ran out. A wait checks the deadline before
+			// it reads, so bytes that came in time while this goroutine
+			// was slow to get to them (a busy machine) are still unread:
+			// handle what is there once. A whole request starts the
+			// clock again; bytes that make none leave it run out.
+			clock := c.idleBy
+			if cerr := rc.Control(func(fd uintptr) { turn(fd) }); cerr != nil {
+				return err
+			}
+			if done {
+				return result
+			}
+			if !c.idleBy.Equal(clock) {
+				continue
+			}
+		}
 		return err // the idle clock ran out, or the connection was closed
 	}
 }
+
+// testStall, when a test sets it, is how long a connection's goroutine
+// sleeps once its idle clock has started, as on a machine too busy to run
+// it.
+var testStall time.Duration
 
 // linger is how long a connection waits for more bytes after a read that
 // emptied its socket before it reads once more anyway. An end of stream

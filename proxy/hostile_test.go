@@ -571,3 +571,23 @@ func testDeafClient(t *testing.T, config func(...string) Config, size int) {
 		t.Errorf("idle_kicks = %d, want 1", got)
 	}
 }
+
+// TestIdleClockSparesARequestThatCameInTime starts each connection's
+// goroutine late, after its idle timeout, as a busy machine may: the
+// request its client sent at once must still be answered, and the
+// connection not counted as idle.
+func TestIdleClockSparesARequestThatCameInTime(t *testing.T) {
+	cfg := testConfig(startMemcached(t))
+	cfg.IdleTimeout = 100 * time.Millisecond
+	testStall = 300 * time.Millisecond
+	t.Cleanup(func() { testStall = 0 }) // after the proxy's own cleanup
+	_, addr := startProxy(t, cfg)
+	lc := newLineClient(t, addr)
+	defer lc.c.Close()
+	if got := lc.do("version\r\n"); !strings.HasPrefix(got, "VERSION ") {
+		t.Fatalf("version answered %q", got)
+	}
+	if got := lc.stat("idle_kicks"); got != 0 {
+		t.Errorf("idle_kicks = %d, want 0", got)
+	}
+}
