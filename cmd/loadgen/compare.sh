@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # compare.sh measures the sidecar proxy against memcached itself and against
-# twemproxy (nutcracker), all on loopback, under four loads:
+# twemproxy (nutcracker), all on loopback, under four loads, and a fifth on
+# request:
 #
 #   1  single-key gets, 1 KiB values, 90 % gets (10 % sets), 32 connections,
 #      one memcached server
@@ -8,6 +9,9 @@
 #   3  100-key gets of 3 KiB values, 8 connections, four memcached servers
 #      (twemproxy and the proxy each in front of all four)
 #   4  50 % sets, otherwise as 1
+#   5  single-key gets of 700 KB values, 95 % gets, 4 connections, one
+#      server, 500 keys (they fit memcached's 512 MB); not in the default
+#      LOADS: the four above are the comparison's yardstick
 #
 # The same loadgen load runs against each target in turn, round by round,
 # with the order rotated every round so that no target always goes first.
@@ -28,7 +32,7 @@
 #
 # Usage: cmd/loadgen/compare.sh [ROUNDS]
 # Environment (defaults in brackets):
-#   ROUNDS [3]  DURATION [5s]: per run  KEYS [10000]  SEED [1]
+#   ROUNDS [3]  DURATION [5s]: per run  KEYS [10000; 500 for load 5]  SEED [1]
 #   MEMCACHED_THREADS [2]: -t of each memcached
 #   LOADS [1 2 3 4]: the loads to measure, e.g. LOADS="1 3"
 #   CONNS, VALUE_SIZE, GET_RATIO, MULTIGET [per load]: when set, override
@@ -48,7 +52,7 @@ set -euo pipefail
 ROUNDS=${1:-${ROUNDS:-3}}
 DURATION=${DURATION:-5s}
 LOADS=${LOADS:-1 2 3 4}
-KEYS=${KEYS:-10000}
+KEYS=${KEYS:-}
 SEED=${SEED:-1}
 MEMCACHED_THREADS=${MEMCACHED_THREADS:-2}
 LOADGEN_ARGS=${LOADGEN_ARGS:-}
@@ -56,11 +60,12 @@ PROXY_ARGS=${PROXY_ARGS:-}
 PROXY_BIN=${PROXY_BIN:-}
 
 # The loads: connections, value size, get ratio, keys per get, servers.
-declare -A l_conns=([1]=32 [2]=32 [3]=8 [4]=32)
-declare -A l_size=([1]=1024 [2]=1024 [3]=3072 [4]=1024)
-declare -A l_ratio=([1]=0.9 [2]=0.9 [3]=0.9 [4]=0.5)
-declare -A l_multiget=([1]=1 [2]=10 [3]=100 [4]=1)
-declare -A l_servers=([1]=1 [2]=1 [3]=4 [4]=1)
+declare -A l_conns=([1]=32 [2]=32 [3]=8 [4]=32 [5]=4)
+declare -A l_size=([1]=1024 [2]=1024 [3]=3072 [4]=1024 [5]=700000)
+declare -A l_ratio=([1]=0.9 [2]=0.9 [3]=0.9 [4]=0.5 [5]=0.95)
+declare -A l_multiget=([1]=1 [2]=10 [3]=100 [4]=1 [5]=1)
+declare -A l_servers=([1]=1 [2]=1 [3]=4 [4]=1 [5]=1)
+declare -A l_keys=([1]=10000 [2]=10000 [3]=10000 [4]=10000 [5]=500)
 
 die() { echo "compare: $*" >&2; exit 1; }
 
@@ -73,7 +78,7 @@ read -ra loads <<<"$LOADS"
 ((${#loads[@]} > 0)) || die "LOADS is empty"
 seen=" "
 for l in "${loads[@]}"; do
-	[[ -n ${l_servers[$l]:-} && $l =~ ^[0-9]$ ]] || die "LOADS holds '$l': the loads are 1 2 3 4"
+	[[ -n ${l_servers[$l]:-} && $l =~ ^[0-9]$ ]] || die "LOADS holds '$l': the loads are 1 2 3 4 5"
 	[[ $seen != *" $l "* ]] || die "LOADS names load $l twice"
 	seen+="$l "
 	# Overrides from the environment apply to every load.
@@ -81,6 +86,7 @@ for l in "${loads[@]}"; do
 	l_size[$l]=${VALUE_SIZE:-${l_size[$l]}}
 	l_ratio[$l]=${GET_RATIO:-${l_ratio[$l]}}
 	l_multiget[$l]=${MULTIGET:-${l_multiget[$l]}}
+	l_keys[$l]=${KEYS:-${l_keys[$l]}}
 done
 n_servers=1 want1=false want4=false
 for l in "${loads[@]}"; do
@@ -342,8 +348,8 @@ secs() { awk -v t="$1" -v hz="$HZ" 'BEGIN { printf "%.2fs", t / hz }'; }
 # field prints the value of name=value field $1 of loadgen's result line $2.
 field() { awk -v k="$1=" '{ for (i = 1; i <= NF; i++) if (index($i, k) == 1) print substr($i, length(k) + 1) }' <<<"$2"; }
 describe() {
-	awk -v l="$1" -v m="${l_multiget[$1]}" -v s="${l_size[$1]}" -v g="${l_ratio[$1]}" -v c="${l_conns[$1]}" -v n="${l_servers[$1]}" \
-		'BEGIN { printf "%s: %d-key gets, %d B values, %g %% gets, %d conns, %d server%s\n", l, m, s, g * 100, c, n, (n > 1 ? "s" : "") }'
+	awk -v l="$1" -v m="${l_multiget[$1]}" -v s="${l_size[$1]}" -v g="${l_ratio[$1]}" -v c="${l_conns[$1]}" -v n="${l_servers[$1]}" -v k="${l_keys[$1]}" \
+		'BEGIN { printf "%s: %d-key gets, %d B values, %g %% gets, %d conns, %d server%s, %d keys\n", l, m, s, g * 100, c, n, (n > 1 ? "s" : ""), k }'
 }
 
 # measure runs loadgen for load $1 against target $2 in round $3, checks
@@ -365,7 +371,7 @@ measure() {
 	rm -f "$work/loadgen.out" "$work/loadgen.err"
 	# shellcheck disable=SC2086 # LOADGEN_ARGS is a list of flags
 	timeout "$RUN_LIMIT" "$work/loadgen" --addr "$a" --conns "${l_conns[$l]}" --duration "$DURATION" \
-		--value-size "${l_size[$l]}" --get-ratio "${l_ratio[$l]}" --keys "$KEYS" --multiget "${l_multiget[$l]}" --seed "$SEED" \
+		--value-size "${l_size[$l]}" --get-ratio "${l_ratio[$l]}" --keys "${l_keys[$l]}" --multiget "${l_multiget[$l]}" --seed "$SEED" \
 		--wait-start "${RUN_LIMIT}s" $LOADGEN_ARGS >"$work/loadgen.out" 2>"$work/loadgen.err" &
 	tpid=$!
 	# loadgen says when its pre-population is done and waits for SIGUSR1
@@ -436,7 +442,7 @@ echo "memcached $(memcached -V | awk '{print $2}') x$n_servers (-t $MEMCACHED_TH
 for k in $(printf '%s\n' "${!addr[@]}" | sort); do
 	printf '  %-10s %s%s\n' "$k" "${addr[$k]}" "${metrics[$k]:+ (metrics :${metrics[$k]})}"
 done
-echo "loads ($DURATION per run, $KEYS keys, seed $SEED; $NCPU CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)):"
+echo "loads ($DURATION per run, seed $SEED; $NCPU CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)):"
 for l in "${loads[@]}"; do
 	echo "  $(describe "$l")"
 done
