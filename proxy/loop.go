@@ -684,6 +684,9 @@ func (l *eventLoops) OnTraffic(gc gnet.Conn) gnet.Action {
 func (l *eventLoops) OnPollEnd(el gnet.EventLoop) {
 	ls := l.state(el)
 	if len(ls.held) > 0 {
+		// A poll that only wrote a held client's replies ran no callback
+		// that read the clock.
+		ls.now = time.Now()
 		ls.resumeHeld() // what they ask goes out below
 	}
 	for again := true; again; {
