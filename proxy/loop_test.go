@@ -1573,6 +1573,33 @@ func TestEventLoopChunksKeepRepliesWhole(t *testing.T) {
 	wg.Wait()
 }
 
+// heldGets is how many gets of a 16 KiB value holdGets pipelines.
+const heldGets = 250
+
+// holdGets has a client with a small receive window send heldGets gets of
+// a 16 KiB value and read nothing, so that the loop comes to hold it back.
+// It returns the proxy, and a function that reads every reply and checks
+// that each arrives whole and in order.
+func holdGets(t *testing.T) (*Proxy, func()) {
+	t.Helper()
+	p, addr := startProxy(t, loopConfig(startMemcached(t)))
+	want := setBig(t, addr, 16<<10)
+	c := dialSmallWindow(t, addr)
+	if _, err := io.WriteString(c, strings.Repeat("get big\r\n", heldGets)); err != nil {
+		t.Fatal(err)
+	}
+	return p, func() {
+		t.Helper()
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		got := make([]byte, len(want))
+		for i := range heldGets {
+			if _, err := io.ReadFull(c, got); err != nil || string(got) != want {
+				t.Fatalf("reply %d: %.60q (%v)", i, got, err)
+			}
+		}
+	}
+}
+
 // TestEventLoopHeldRepliesLetGoOfChunks has a client send 250 gets of a
 // 16 KiB value and read nothing until the loop holds its replies back:
 // the replies it holds then are copies, which refer to no chunk, so that a
@@ -1580,13 +1607,7 @@ func TestEventLoopChunksKeepRepliesWhole(t *testing.T) {
 // read into with everyone else's. Then every reply must still arrive,
 // whole and in order.
 func TestEventLoopHeldRepliesLetGoOfChunks(t *testing.T) {
-	p, addr := startProxy(t, loopConfig(startMemcached(t)))
-	want := setBig(t, addr, 16<<10)
-	c := dialSmallWindow(t, addr)
-	const gets = 250
-	if _, err := io.WriteString(c, strings.Repeat("get big\r\n", gets)); err != nil {
-		t.Fatal(err)
-	}
+	p, readAll := holdGets(t)
 	// Held, with every reply made: none waits for memcached any more.
 	waitOnLoop(t, p, func(lc *loopClient) bool {
 		return lc.held && len(lc.slots) > 0 && !slices.ContainsFunc(lc.slots, func(s *loopSlot) bool { return s.pending > 0 })
@@ -1595,20 +1616,14 @@ func TestEventLoopHeldRepliesLetGoOfChunks(t *testing.T) {
 		for _, s := range lc.slots {
 			for _, r := range s.reqs {
 				if r.share != nil {
-					t.Errorf("a held reply still refers to its chunk (%d of %d replies held)", len(lc.slots), gets)
+					t.Errorf("a held reply still refers to its chunk (%d of %d replies held)", len(lc.slots), heldGets)
 					return false
 				}
 			}
 		}
 		return true
 	})
-	c.SetDeadline(time.Now().Add(20 * time.Second))
-	got := make([]byte, len(want))
-	for i := range gets {
-		if _, err := io.ReadFull(c, got); err != nil || string(got) != want {
-			t.Fatalf("reply %d: %.60q (%v)", i, got, err)
-		}
-	}
+	readAll()
 }
 
 // TestEventLoopResumesHeldClientsWhenWritten holds a client back, as
@@ -1619,19 +1634,7 @@ func TestEventLoopResumesHeldClientsWhenWritten(t *testing.T) {
 	tick := loopTick
 	loopTick = time.Hour
 	t.Cleanup(func() { loopTick = tick }) // after the proxy's own cleanup
-	p, addr := startProxy(t, loopConfig(startMemcached(t)))
-	want := setBig(t, addr, 16<<10)
-	c := dialSmallWindow(t, addr)
-	const gets = 250
-	if _, err := io.WriteString(c, strings.Repeat("get big\r\n", gets)); err != nil {
-		t.Fatal(err)
-	}
+	p, readAll := holdGets(t)
 	waitOnLoop(t, p, func(lc *loopClient) bool { return lc.held })
-	c.SetDeadline(time.Now().Add(20 * time.Second))
-	got := make([]byte, len(want))
-	for i := range gets {
-		if _, err := io.ReadFull(c, got); err != nil || string(got) != want {
-			t.Fatalf("reply %d: %.60q (%v)", i, got, err)
-		}
-	}
+	readAll()
 }
