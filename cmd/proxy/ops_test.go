@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"maps"
 	"net"
@@ -38,9 +39,29 @@ type sidecar struct {
 // startSidecar runs the command with args against upstream until the test
 // ends, and checks then that it stopped cleanly. An empty upstream gives
 // no --upstream, for args that name the servers (--upstream-zone).
+//
+// Its ports were free a moment before; another test package running at the
+// same time may take one first. The command then fails at once to listen,
+// and is started again on other ports.
 func startSidecar(t *testing.T, upstream string, args ...string) sidecar {
 	t.Helper()
-	s := sidecar{listen: memcachedtest.FreeAddr(t), metrics: memcachedtest.FreeAddr(t), logs: &bytes.Buffer{}}
+	for attempt := 1; ; attempt++ {
+		s, err := trySidecar(t, upstream, args...)
+		if err == nil {
+			return s
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) || attempt == 3 {
+			t.Fatalf("run: %v", err)
+		}
+	}
+}
+
+// trySidecar is one attempt of startSidecar: it returns run's error when
+// run returns before it listens.
+func trySidecar(t *testing.T, upstream string, args ...string) (sidecar, error) {
+	t.Helper()
+	addrs := memcachedtest.FreeAddrs(t, 2)
+	s := sidecar{listen: addrs[0], metrics: addrs[1], logs: &bytes.Buffer{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	var mu sync.Mutex
@@ -53,6 +74,21 @@ func startSidecar(t *testing.T, upstream string, args ...string) sidecar {
 	go func() {
 		done <- run(ctx, append(flags, args...), out, out)
 	}()
+	for deadline := time.Now().Add(10 * time.Second); !dialable(s.metrics) || !dialable(s.listen); {
+		select {
+		case err := <-done:
+			cancel()
+			if err == nil {
+				err = errors.New("returned before it listened")
+			}
+			return s, err
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("the sidecar does not accept connections on %s and %s", s.listen, s.metrics)
+		}
+	}
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -64,9 +100,16 @@ func startSidecar(t *testing.T, upstream string, args ...string) sidecar {
 			t.Errorf("run did not return 10s after its context ended")
 		}
 	})
-	memcachedtest.WaitDial(t, s.metrics)
-	memcachedtest.WaitDial(t, s.listen)
-	return s
+	return s, nil
+}
+
+// dialable reports whether addr accepts a connection.
+func dialable(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err == nil {
+		c.Close()
+	}
+	return err == nil
 }
 
 type writerFunc func([]byte) (int, error)
@@ -510,7 +553,8 @@ func TestSIGTERMFinishesTheRequestInFlightAndExitsZero(t *testing.T) {
 	}
 	const delay = 700 * time.Millisecond
 	up := slowUpstream(t, delay)
-	listen, metrics := memcachedtest.FreeAddr(t), memcachedtest.FreeAddr(t)
+	addrs := memcachedtest.FreeAddrs(t, 2)
+	listen, metrics := addrs[0], addrs[1]
 	cmd := exec.Command(bin, "--listen="+listen, "--metrics-listen="+metrics, "--upstream="+up,
 		"--upstream-timeout=5s", "--shutdown-grace=10s", "--log-format=json")
 	var logs bytes.Buffer

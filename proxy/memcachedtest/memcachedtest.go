@@ -23,6 +23,23 @@ func FreeAddr(t testing.TB) string {
 	return ln.Addr().String()
 }
 
+// FreeAddrs returns n loopback addresses with ports free a moment ago, no
+// two alike: each port is held until all are picked, which FreeAddr called
+// n times does not do.
+func FreeAddrs(t testing.TB, n int) []string {
+	t.Helper()
+	addrs := make([]string, n)
+	for i := range addrs {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		addrs[i] = ln.Addr().String()
+	}
+	return addrs
+}
+
 // WaitDial waits until addr accepts connections.
 func WaitDial(t testing.TB, addr string) {
 	t.Helper()
