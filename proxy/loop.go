@@ -1488,11 +1488,6 @@ func (ls *loopState) upstream(srv *upstream.Server) *loopUpstream {
 	return u
 }
 
-// flush writes the requests waiting as one batch, dialling first if the
-// loop has no connection to the server. Batches already in flight do not
-// hold it back: the connection is a pipeline, as twemproxy's are, and a
-// request waits for no earlier batch's round trip to begin its own
-// (replies still come back in order).
 // loopMaxBatches is how many batches a connection has in flight at most:
 // what the loop reads while that many are out waits for the first reply,
 // and goes out with what it read meanwhile, in one write. Two keep
@@ -1500,6 +1495,11 @@ func (ls *loopState) upstream(srv *upstream.Server) *loopUpstream {
 // fewer writes than a write per poll.
 const loopMaxBatches = 2
 
+// flush writes the requests waiting as one batch, dialling first if the
+// loop has no connection to the server. A batch already in flight does not
+// hold it back: the connection is a pipeline, as twemproxy's are, and a
+// request waits for no earlier batch's round trip to begin its own
+// (replies still come back in order). Only loopMaxBatches in flight do.
 func (u *loopUpstream) flush() {
 	if u.q.len() == u.sent {
 		return
