@@ -325,3 +325,43 @@ func TestEventLoopPipelinesBatches(t *testing.T) {
 		t.Errorf("two batches counted as %d requests to the server", n)
 	}
 }
+
+// TestEventLoopLongRepliesJoinNoGetLines has the loop read six clients'
+// gets at once, as TestEventLoopJoinsGetsOfManyClients does, against
+// memcached: gets of a short value join one get line, but once gets of a
+// long value have come back long, the same six gets of it go upstream as
+// six lines, each reply read into a chunk of its own.
+func TestEventLoopLongRepliesJoinNoGetLines(t *testing.T) {
+	mc := startMemcached(t)
+	p, addr := startProxy(t, loopConfig(mc))
+	long := strings.Repeat("v", 8*loopJoinReplyMax)
+	c := newLineClient(t, addr)
+	for k, v := range map[string]string{"short": "s", "long": long} {
+		if got := c.do(fmt.Sprintf("set %s 0 0 %d\r\n%s\r\n", k, len(v), v)); got != "STORED\r\n" {
+			t.Fatalf("set %s answered %q", k, got)
+		}
+	}
+	for _, tc := range []struct {
+		key, value string
+		lines      func(n uint64) bool
+	}{
+		{"short", "s", func(n uint64) bool { return n < 6 }},
+		{"long", long, func(n uint64) bool { return n == 6 }},
+	} {
+		want := fmt.Sprintf("VALUE %s 0 %d\r\n%s\r\nEND\r\n", tc.key, len(tc.value), tc.value)
+		for range 4 { // what the loop has read lately
+			if got := c.do("get " + tc.key + "\r\n"); got != want {
+				t.Fatalf("get %s answered %d bytes, want %d", tc.key, len(got), len(want))
+			}
+		}
+		gets := p.stats.upstreamGets.Load()
+		for i, got := range stalledGets(t, p, addr, slices.Repeat([]string{"get " + tc.key + "\r\n"}, 6)) {
+			if got != want {
+				t.Errorf("client %d: get %s answered %d bytes, want %d", i, tc.key, len(got), len(want))
+			}
+		}
+		if n := p.stats.upstreamGets.Load() - gets; !tc.lines(n) {
+			t.Errorf("six gets of %s went upstream in %d get lines", tc.key, n)
+		}
+	}
+}

@@ -121,6 +121,7 @@ type loopState struct {
 	reqs            []*loopReq
 	shares          []*loopShare
 	chunks          [][]byte // chunks to read replies into, no longer referred to
+	chunksKept      int      // the bytes of chunks
 	dec             []byte   // a value being opened
 	sealBuf         []byte   // a reply to a TLS client, before encryption
 	// now is when the loop's callback running began: the clock is read
@@ -332,6 +333,9 @@ type loopUpstream struct {
 	join              *loopReq
 	joinEnd, joinKeys int
 	joined            []*loopReq // the requests of the reply being answered
+	// replyMean is a moving mean of the bytes of a retrieval's reply, per
+	// request: past loopJoinReplyMax, retrievals join no get line.
+	replyMean int
 }
 
 // loopJoinKeys is the most keys of a request that joins a get line or is
@@ -340,6 +344,16 @@ type loopUpstream struct {
 // for the others'. Measured with 25 keys a request (the comparison's load
 // 3), joining them cost the proxy more CPU than it spared.
 const loopJoinKeys = 16
+
+// loopJoinReplyMax is the most bytes a retrieval's reply may have had, on
+// a moving mean, for the next to join a get line. Joining spares memcached
+// a command and the proxy a line, which is nothing next to long values,
+// and a reply shared by many clients' long values is long: it outgrows
+// chunk after chunk, each move copying all of it read so far. Measured on
+// 700 KB values (compare.sh's load 5), with chunks kept (see chunk), not
+// joining them took the proxy's CPU a request from about twice twemproxy's
+// to about as much.
+const loopJoinReplyMax = loopChunkRoom
 
 // joinable returns the request whose get line ends the requests not yet
 // written, when a retrieval of n keys by command id may add its keys to
@@ -352,7 +366,7 @@ const loopJoinKeys = 16
 // past another, so a client's set and its get after it stay in order.
 func (u *loopUpstream) joinable(id, n int) *loopReq {
 	h := u.join
-	if h == nil || n > loopJoinKeys || len(u.out) != u.joinEnd || u.q.len() == u.sent ||
+	if h == nil || n > loopJoinKeys || u.replyMean > loopJoinReplyMax || len(u.out) != u.joinEnd || u.q.len() == u.sent ||
 		(h.slot.id == cmdGets) != (id == cmdGets) || u.joinKeys+n > u.ls.l.p.cfg.GetBatchKeys {
 		return nil
 	}
@@ -407,8 +421,15 @@ const (
 	loopLineKeep = 1024 // bytes of a storage command's reply line kept with a free request
 
 	// loopChunksKept is how many chunks a loop keeps for reading replies
-	// into (see loopUpstream.chunk) once no reply in them is referred to.
-	loopChunksKept = 32
+	// into (see loopUpstream.chunk) once no reply in them is referred to,
+	// loopChunksBytes the most bytes they hold together, and
+	// loopChunkKeepMax the largest it keeps: a reply of long values is
+	// read into a chunk of its size (see chunk), and one allocated for
+	// each would be zeroed and its pages faulted in each time, and be cold
+	// in the CPU's cache when written to the client.
+	loopChunksKept   = 32
+	loopChunksBytes  = 16 << 20
+	loopChunkKeepMax = 4 << 20
 )
 
 // loopSeed seeds the hashes of the keys a retrieval looks for repeats of.
@@ -438,20 +459,31 @@ func (ls *loopState) req(s *loopSlot) *loopReq {
 	return r
 }
 
-// chunk returns a chunk to read replies into, of at least n bytes: the
-// one given back last, whose bytes are the likeliest to be in the CPU's
-// cache, when it is large enough.
+// chunk returns a chunk to read replies into, of at least n bytes: of
+// those given back, the smallest large enough, the last one given back of
+// those, whose bytes are the likeliest to be in the CPU's cache. A chunk
+// for a long reply is a power of two in size, so that replies of about
+// one size take turns in one.
 func (ls *loopState) chunk(n int) *loopShare {
 	n = max(n, loopChunk)
+	if n > loopChunk && n <= loopChunkKeepMax {
+		n = 1 << bits.Len(uint(n-1))
+	}
 	sh := take(&ls.shares)
 	sh.refs = 1
-	if k := len(ls.chunks); k > 0 && cap(ls.chunks[k-1]) >= n {
-		sh.buf = ls.chunks[k-1]
-		ls.chunks[k-1] = nil
-		ls.chunks = ls.chunks[:k-1]
+	best := -1
+	for k, b := range ls.chunks {
+		if cap(b) >= n && (best < 0 || cap(b) <= cap(ls.chunks[best])) {
+			best = k
+		}
+	}
+	if best < 0 {
+		sh.buf = make([]byte, 0, n)
 		return sh
 	}
-	sh.buf = make([]byte, 0, n)
+	sh.buf = ls.chunks[best]
+	ls.chunks = slices.Delete(ls.chunks, best, best+1)
+	ls.chunksKept -= cap(sh.buf)
 	return sh
 }
 
@@ -463,8 +495,10 @@ func (ls *loopState) release(sh *loopShare) {
 	}
 	// A reply that outgrew its chunk may have moved to a smaller array
 	// (see adopt): only whole chunks are kept, or one would sit on top.
-	if b := sh.buf; cap(b) >= loopChunk && cap(b) <= loopBufLimit && len(ls.chunks) < loopChunksKept {
+	b := sh.buf
+	if n := cap(b); n >= loopChunk && n <= loopChunkKeepMax && len(ls.chunks) < loopChunksKept && ls.chunksKept+n <= loopChunksBytes {
 		ls.chunks = append(ls.chunks, b[:0])
+		ls.chunksKept += n
 	}
 	*sh = loopShare{}
 	if len(ls.shares) < loopFreeMax {
@@ -1706,6 +1740,10 @@ func (u *loopUpstream) replies() {
 			}
 			u.joined = joined // its array serves the next joined reply
 		}
+		if !r.store && !r.meta {
+			// A mean over about the last eight replies.
+			u.replyMean += (len(reply)/max(1, len(joined)) - u.replyMean) / 8
+		}
 		if err != nil && u.batchErr == nil {
 			u.batchErr = err
 		}
@@ -1786,8 +1824,14 @@ func (u *loopUpstream) takeChunk(n int) {
 	}
 	// Twice what the reply has so far: a long reply, of many values,
 	// moves a few times, not once a read.
+	u.moveTo(2*len(u.scan.acc) + n)
+}
+
+// moveTo moves what is read of the reply being read to a chunk of at
+// least size bytes.
+func (u *loopUpstream) moveTo(size int) {
 	acc := u.scan.acc
-	sh := u.ls.chunk(2*len(acc) + n)
+	sh := u.ls.chunk(size)
 	u.scan.acc = append(sh.buf[:0], acc...)
 	u.ls.release(u.chunk)
 	u.chunk = sh
@@ -1818,15 +1862,30 @@ func (u *loopUpstream) dropChunk() {
 
 // room returns where the connection's next read goes: the rest of its
 // chunk, at least loopChunkRoom bytes, and for a long value, room for as
-// much of it as one read straight into place takes (replyScan.room).
+// much of it as one read straight into place takes (replyScan.direct),
+// and the END after it, so that those 5 bytes do not move the whole value.
 func (u *loopUpstream) room() []byte {
-	u.takeChunk(loopChunkRoom)
-	if room := u.scan.room(); room != nil {
-		u.adopt()
-		u.ls.l.p.stats.readsInPlace.Add(1)
-		return room
+	want := loopChunkRoom
+	if len(u.scan.acc) == 0 {
+		// A reply begins: room for as long a one as they have been, so
+		// that a long one is read whole where it begins, not moved.
+		want = max(want, u.replyMean+u.replyMean/4)
 	}
-	return u.scan.acc[len(u.scan.acc):cap(u.scan.acc)]
+	u.takeChunk(want)
+	n := u.scan.direct()
+	if n == 0 {
+		return u.scan.acc[len(u.scan.acc):cap(u.scan.acc)]
+	}
+	acc := u.scan.acc
+	if cap(acc)-len(acc) < n+len(replyEnd) {
+		size := len(acc) + n + len(replyEnd)
+		if u.scan.need > n {
+			size = max(size, 2*len(acc)+n) // more to come: move a few times
+		}
+		u.moveTo(size)
+	}
+	u.ls.l.p.stats.readsInPlace.Add(1)
+	return u.scan.acc[len(u.scan.acc) : len(u.scan.acc)+n]
 }
 
 var errLoopProtocol = errors.New("upstream reply out of step")
@@ -2334,17 +2393,13 @@ const (
 	loopDirectMax = 4 * loopReadBuffer
 )
 
-// room returns where the next bytes of a long value go, for a read straight
-// into place, or nil while no long value is being read.
-func (r *replyScan) room() []byte {
+// direct returns how many bytes of a long value the next read takes
+// straight into place, or 0 while no long value is being read.
+func (r *replyScan) direct() int {
 	if r.need < loopDirectMin {
-		return nil
+		return 0
 	}
-	n := min(r.need, loopDirectMax)
-	// A little more than the value, so that the END after it does not
-	// move the whole of it to a larger array.
-	r.acc = slices.Grow(r.acc, n+len(replyEnd))
-	return r.acc[len(r.acc) : len(r.acc)+n]
+	return min(r.need, loopDirectMax)
 }
 
 // inPlace reports whether data begins where acc ends: read there by room.

@@ -1305,7 +1305,7 @@ func TestEventLoopDeleteOfDamagedItemFailingAtOnce(t *testing.T) {
 
 // TestReplyScanReadsLongValuesInPlace feeds a reply scan a long value the
 // way the loop reads one: the header through gnet's buffer, then the value
-// read straight into the room the scan gives, in uneven pieces, then the
+// read straight into the room its connection gives, in uneven pieces, then the
 // rest of the reply through gnet's buffer again. What it gathers is the
 // reply, byte for byte; bytes that arrive elsewhere are copied, not taken
 // as if they were in place.
@@ -1318,12 +1318,18 @@ func TestReplyScanReadsLongValuesInPlace(t *testing.T) {
 	head := fmt.Sprintf("VALUE k 0 %d\r\n", size)
 	whole := head + string(value) + "\r\nEND\r\n"
 	req := &loopReq{}
+	upstreamOnLoop := func() *loopUpstream {
+		return &loopUpstream{ls: &loopState{l: &eventLoops{p: &Proxy{stats: newStats()}}}}
+	}
 
 	// The room leaves space for the END after the value, however much the
-	// buffer had: the value is not moved to a larger array for 5 bytes.
-	tight := replyScan{acc: make([]byte, 10, 10+loopDirectMin), need: loopDirectMin}
-	if room := tight.room(); len(room) != loopDirectMin || cap(tight.acc)-10-len(room) < len(replyEnd) {
-		t.Fatalf("room of %d bytes leaves %d after it", len(room), cap(tight.acc)-10-len(room))
+	// chunk had: the value is not moved to a larger array for 5 bytes.
+	tight := upstreamOnLoop()
+	tight.takeChunk(0)
+	tight.scan.acc = append(tight.scan.acc, make([]byte, loopChunk-loopDirectMin-2)...)
+	tight.scan.need = loopDirectMin
+	if room := tight.room(); len(room) != loopDirectMin || cap(tight.scan.acc)-len(tight.scan.acc)-len(room) < len(replyEnd) {
+		t.Fatalf("room of %d bytes leaves %d after it", len(room), cap(tight.scan.acc)-len(tight.scan.acc)-len(room))
 	}
 	for _, tc := range []struct {
 		name   string
@@ -1335,19 +1341,22 @@ func TestReplyScanReadsLongValuesInPlace(t *testing.T) {
 		{"copied from elsewhere", []int{1, 70000, loopDirectMax + 9}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var r replyScan
+			u := upstreamOnLoop()
+			r := &u.scan
+			u.takeChunk(0)
 			if n, whole, bad := r.feed([]byte(head), req); n != len(head) || whole || bad {
 				t.Fatalf("header: took %d, whole %v, bad %v", n, whole, bad)
 			}
 			rest := append(slices.Clone(value), "\r\n"...)
 			for i := 0; len(rest) > 0; i++ {
-				room := r.room()
+				var room []byte
 				if r.need >= loopDirectMin {
+					room = u.room()
 					if len(room) != min(r.need, loopDirectMax) {
 						t.Fatalf("room of %d bytes with %d to come", len(room), r.need)
 					}
-				} else if room != nil {
-					t.Fatalf("room of %d bytes with only %d to come", len(room), r.need)
+				} else if u.room(); r.direct() != 0 {
+					t.Fatalf("a read straight into place with only %d to come", r.need)
 				}
 				n := len(rest)
 				if i < len(tc.pieces) {
@@ -1363,6 +1372,7 @@ func TestReplyScanReadsLongValuesInPlace(t *testing.T) {
 				if got, whole, bad := r.feed(data, req); got != n || whole || bad {
 					t.Fatalf("read %d: took %d of %d, whole %v, bad %v", i, got, n, whole, bad)
 				}
+				u.adopt()
 				rest = rest[n:]
 			}
 			array := &r.acc[0]
@@ -1637,4 +1647,42 @@ func TestEventLoopResumesHeldClientsWhenWritten(t *testing.T) {
 	p, readAll := holdGets(t)
 	waitOnLoop(t, p, func(lc *loopClient) bool { return lc.held })
 	readAll()
+}
+
+// TestEventLoopLongValuesReuseChunks gets one long value over and over
+// through the loop: each reply is read into a chunk the loop keeps, not
+// into an array allocated for it (zeroed and faulted in each time), so
+// the proxy allocates far less a get than the value's length.
+func TestEventLoopLongValuesReuseChunks(t *testing.T) {
+	mc := startMemcached(t)
+	_, addr := startProxy(t, loopConfig(mc))
+	const size, gets = 700_000, 40
+	value := strings.Repeat("x", size)
+	c := newLineClient(t, addr)
+	if got := c.do(fmt.Sprintf("set long 0 0 %d\r\n%s\r\n", size, value)); got != "STORED\r\n" {
+		t.Fatalf("set answered %q", got)
+	}
+	want := fmt.Sprintf("VALUE long 0 %d\r\n%s\r\nEND\r\n", size, value)
+	buf := make([]byte, len(want))
+	get := func() {
+		c.c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c.c, "get long\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c.br, buf); err != nil || string(buf) != want {
+			t.Fatalf("get answered %d bytes (%v), not the value", len(buf), err)
+		}
+	}
+	for range 4 {
+		get() // the loop learns how long its replies are
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range gets {
+		get()
+	}
+	runtime.ReadMemStats(&after)
+	if per := (after.TotalAlloc - before.TotalAlloc) / gets; per > size/8 {
+		t.Errorf("%d bytes allocated a get of a %d-byte value", per, size)
+	}
 }
