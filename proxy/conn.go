@@ -324,6 +324,8 @@ func (c *conn) lingerUntil() time.Time {
 // itself (TLS): it reads, handles what arrived, and reads again.
 func (c *conn) serveBlocking() error {
 	c.markBusy() // requests an event loop handed over may be read already
+	// spared: the run of the idle clock spareLate spared, if any.
+	var spared time.Time
 	for {
 		err := c.process()
 		if err != errNeedMore {
@@ -338,12 +340,28 @@ func (c *conn) serveBlocking() error {
 		}
 		c.park()
 		c.busy.Store(false)
+		c.spareLate(&spared)
 		err = c.rd.fill()
 		c.markBusy()
 		if err != nil {
 			return err
 		}
 	}
+}
+
+// spareLate gives a connection whose idle clock ran out before its
+// goroutine got to read (a busy machine), with bytes waiting in its
+// socket, one more --idle-timeout to make a request of them: a read
+// checks its deadline before it reads, so what came in time would never
+// be read. It is the TLS path's second look (serveReady handles what is
+// waiting instead, which a TLS session's records do not let it). Once a
+// run of the clock: a trickle that makes no request is still closed.
+func (c *conn) spareLate(spared *time.Time) {
+	if c.idleBy.IsZero() || c.idleBy.Equal(*spared) || time.Now().Before(c.idleBy) || c.p.draining() || !sockio.Waiting(c.nc) {
+		return
+	}
+	*spared = c.idleBy
+	c.nc.SetReadDeadline(time.Now().Add(c.p.cfg.IdleTimeout))
 }
 
 // park lets go of the buffers a connection that is about to wait for its

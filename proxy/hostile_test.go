@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -578,8 +579,7 @@ func testDeafClient(t *testing.T, config func(...string) Config, size int) {
 // connection not counted as idle. It is the goroutine path's test: in the
 // event-loop suite version is answered on the loop, which testStall does
 // not delay (stats then moves the connection to a goroutine, which does).
-// The TLS path (serveBlocking) is not covered: its read still checks the
-// deadline first.
+// TestIdleClockSparesATLSClientThatCameInTime is the TLS path's.
 func TestIdleClockSparesARequestThatCameInTime(t *testing.T) {
 	cfg := testConfig(startMemcached(t))
 	cfg.IdleTimeout = 100 * time.Millisecond
@@ -593,5 +593,48 @@ func TestIdleClockSparesARequestThatCameInTime(t *testing.T) {
 	}
 	if got := lc.stat("idle_kicks"); got != 0 {
 		t.Errorf("idle_kicks = %d, want 0", got)
+	}
+}
+
+// TestIdleClockSparesATLSClientThatCameInTime is
+// TestIdleClockSparesARequestThatCameInTime over TLS on the goroutine
+// path (serveBlocking), whose reads check the deadline before they read:
+// the handshake and the request after it, which came in time, are
+// answered, and the connection is not counted as idle. A client that
+// then sends half a request is still closed by the clock, and counted.
+func TestIdleClockSparesATLSClientThatCameInTime(t *testing.T) {
+	pki := newTestPKI(t, "clients")
+	cert, key := pki.issue(t, "proxy", x509.ExtKeyUsageServerAuth)
+	cfg := testConfig(startMemcached(t))
+	cfg.EventLoops = 0
+	cfg.TLS = ServerTLS{CertPath: cert, KeyPath: key}
+	cfg.IdleTimeout = 250 * time.Millisecond
+	testStall = 600 * time.Millisecond
+	t.Cleanup(func() { testStall = 0 }) // after the proxy's own cleanup
+	p, addr := startProxy(t, cfg)
+	c, err := tlsDial(t, addr, pki.caPath, "", "")
+	if err != nil {
+		t.Fatalf("handshake: %v", err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	if _, err := io.WriteString(c, "version\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(got, "VERSION ") {
+		t.Fatalf("version answered %q (%v)", got, err)
+	}
+	if got := p.stats.connsIdleClosed.Load(); got != 0 {
+		t.Errorf("idle_kicks = %d after a request that came in time, want 0", got)
+	}
+	if _, err := io.WriteString(c, "get half"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := br.ReadString('\n'); err == nil {
+		t.Fatalf("half a request answered %q", got)
+	}
+	if got := p.stats.connsIdleClosed.Load(); got != 1 {
+		t.Errorf("idle_kicks = %d after half a request, want 1", got)
 	}
 }

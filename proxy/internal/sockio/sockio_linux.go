@@ -1,9 +1,12 @@
 package sockio
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -51,3 +54,24 @@ var countsAcked = sync.OnceValue(func() bool {
 	}
 	return major > 4 || major == 4 && minor >= 2
 })
+
+// Waiting reports whether bytes are waiting to be read in the socket
+// under nc (under its TLS session, for a TLS connection).
+func Waiting(nc net.Conn) bool {
+	if t, ok := nc.(*tls.Conn); ok {
+		nc = t.NetConn()
+	}
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	n := 0
+	if rc.Control(func(fd uintptr) { n, err = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }) != nil || err != nil {
+		return false
+	}
+	return n > 0
+}

@@ -2,7 +2,10 @@
 
 package sockio
 
-import "errors"
+import (
+	"errors"
+	"net"
+)
 
 // Written counts bytes from the kernel's TCP state, which only Linux gives
 // (TCP_INFO's bytes acknowledged, SIOCOUTQ): elsewhere it fails, and a
@@ -10,3 +13,7 @@ import "errors"
 func Written(fd int) (uint64, error) {
 	return 0, errors.ErrUnsupported
 }
+
+// Waiting reports whether bytes are waiting to be read in the socket
+// under nc: it cannot tell outside Linux, and says no.
+func Waiting(nc net.Conn) bool { return false }
