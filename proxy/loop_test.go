@@ -1652,37 +1652,68 @@ func TestEventLoopResumesHeldClientsWhenWritten(t *testing.T) {
 // TestEventLoopLongValuesReuseChunks gets one long value over and over
 // through the loop: each reply is read into a chunk the loop keeps, not
 // into an array allocated for it (zeroed and faulted in each time), so
-// the proxy allocates far less a get than the value's length.
+// the proxy allocates far less a get than the value's length. Then gets
+// of values of other lengths, longer than a kept chunk among them: the
+// chunks the loop keeps stay within its bounds, and their count of bytes
+// right.
 func TestEventLoopLongValuesReuseChunks(t *testing.T) {
-	mc := startMemcached(t)
-	_, addr := startProxy(t, loopConfig(mc))
-	const size, gets = 700_000, 40
-	value := strings.Repeat("x", size)
+	cfg := loopConfig(startMemcached(t, "-I", "8m"))
+	cfg.MaxItemSize = 8 << 20
+	p, addr := startProxy(t, cfg)
 	c := newLineClient(t, addr)
-	if got := c.do(fmt.Sprintf("set long 0 0 %d\r\n%s\r\n", size, value)); got != "STORED\r\n" {
-		t.Fatalf("set answered %q", got)
+	values := map[string]int{"long": 700_000, "short": 40_000, "longer": 2_500_000, "longest": 5_000_000}
+	for k, size := range values {
+		if got := c.do(fmt.Sprintf("set %s 0 0 %d\r\n%s\r\n", k, size, strings.Repeat(k[:1], size))); got != "STORED\r\n" {
+			t.Fatalf("set %s answered %q", k, got)
+		}
 	}
-	want := fmt.Sprintf("VALUE long 0 %d\r\n%s\r\nEND\r\n", size, value)
-	buf := make([]byte, len(want))
-	get := func() {
+	wants := make(map[string]string)
+	for k, size := range values {
+		wants[k] = fmt.Sprintf("VALUE %s 0 %d\r\n%s\r\nEND\r\n", k, size, strings.Repeat(k[:1], size))
+	}
+	var buf []byte
+	get := func(k string) {
+		want := wants[k]
+		if cap(buf) < len(want) {
+			buf = make([]byte, len(want))
+		}
+		buf = buf[:len(want)]
 		c.c.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := io.WriteString(c.c, "get long\r\n"); err != nil {
+		if _, err := io.WriteString(c.c, "get "+k+"\r\n"); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := io.ReadFull(c.br, buf); err != nil || string(buf) != want {
-			t.Fatalf("get answered %d bytes (%v), not the value", len(buf), err)
+			t.Fatalf("get %s answered %d bytes (%v), not the value", k, len(buf), err)
 		}
 	}
 	for range 4 {
-		get() // the loop learns how long its replies are
+		get("long") // the loop learns how long its replies are
 	}
+	const gets = 40
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	for range gets {
-		get()
+		get("long")
 	}
 	runtime.ReadMemStats(&after)
-	if per := (after.TotalAlloc - before.TotalAlloc) / gets; per > size/8 {
-		t.Errorf("%d bytes allocated a get of a %d-byte value", per, size)
+	if per := (after.TotalAlloc - before.TotalAlloc) / gets; per > uint64(values["long"]/8) {
+		t.Errorf("%d bytes allocated a get of a %d-byte value", per, values["long"])
 	}
+
+	for _, k := range []string{"short", "longer", "long", "longest", "short", "long", "longer", "longest", "long"} {
+		get(k)
+	}
+	onLoop(t, p, func(lc *loopClient) bool {
+		ls, held := lc.ls, 0
+		for _, b := range ls.chunks {
+			held += cap(b)
+			if cap(b) < loopChunk || cap(b) > loopChunkKeepMax {
+				t.Errorf("a kept chunk of %d bytes", cap(b))
+			}
+		}
+		if held != ls.chunksKept || held > loopChunksBytes || len(ls.chunks) > loopChunksKept {
+			t.Errorf("%d chunks kept of %d bytes, counted as %d", len(ls.chunks), held, ls.chunksKept)
+		}
+		return true
+	})
 }
