@@ -1868,8 +1868,10 @@ func (u *loopUpstream) room() []byte {
 	want := loopChunkRoom
 	if len(u.scan.acc) == 0 {
 		// A reply begins: room for as long a one as they have been, so
-		// that a long one is read whole where it begins, not moved.
-		want = max(want, u.replyMean+u.replyMean/4)
+		// that a long one is read whole where it begins, not moved; no
+		// more than a chunk the loop keeps, so that a short reply after
+		// long ones does not take an array of their size for itself.
+		want = max(want, min(u.replyMean+u.replyMean/4, loopChunkKeepMax))
 	}
 	u.takeChunk(want)
 	n := u.scan.direct()

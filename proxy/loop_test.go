@@ -1653,26 +1653,31 @@ func TestEventLoopResumesHeldClientsWhenWritten(t *testing.T) {
 // through the loop: each reply is read into a chunk the loop keeps, not
 // into an array allocated for it (zeroed and faulted in each time), so
 // the proxy allocates far less a get than the value's length. Then gets
-// of values of other lengths, longer than a kept chunk among them: the
-// chunks the loop keeps stay within its bounds, and their count of bytes
+// of values of other lengths, longer than a kept chunk among them: a
+// short one after long ones allocates nothing of their size, and the
+// chunks the loop keeps stay within its bounds, their bytes counted
 // right.
 func TestEventLoopLongValuesReuseChunks(t *testing.T) {
 	cfg := loopConfig(startMemcached(t, "-I", "8m"))
 	cfg.MaxItemSize = 8 << 20
 	p, addr := startProxy(t, cfg)
-	c := newLineClient(t, addr)
 	values := map[string]int{"long": 700_000, "short": 40_000, "longer": 2_500_000, "longest": 5_000_000}
+	// Set by a client of their own: a set this long moves its client to
+	// the goroutine path (see loopUnreadMax).
+	setter := newLineClient(t, addr)
 	for k, size := range values {
-		if got := c.do(fmt.Sprintf("set %s 0 0 %d\r\n%s\r\n", k, size, strings.Repeat(k[:1], size))); got != "STORED\r\n" {
+		if got := setter.do(fmt.Sprintf("set %s 0 0 %d\r\n%s\r\n", k, size, strings.Repeat(k[:1], size))); got != "STORED\r\n" {
 			t.Fatalf("set %s answered %q", k, got)
 		}
 	}
+	setter.c.Close()
+	c := newLineClient(t, addr)
 	wants := make(map[string]string)
 	for k, size := range values {
 		wants[k] = fmt.Sprintf("VALUE %s 0 %d\r\n%s\r\nEND\r\n", k, size, strings.Repeat(k[:1], size))
 	}
 	var buf []byte
-	get := func(k string) {
+	get := func(c *lineClient, k string) {
 		want := wants[k]
 		if cap(buf) < len(want) {
 			buf = make([]byte, len(want))
@@ -1687,33 +1692,62 @@ func TestEventLoopLongValuesReuseChunks(t *testing.T) {
 		}
 	}
 	for range 4 {
-		get("long") // the loop learns how long its replies are
+		get(c, "long") // the loop learns how long its replies are
 	}
 	const gets = 40
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	for range gets {
-		get("long")
+		get(c, "long")
 	}
 	runtime.ReadMemStats(&after)
 	if per := (after.TotalAlloc - before.TotalAlloc) / gets; per > uint64(values["long"]/8) {
 		t.Errorf("%d bytes allocated a get of a %d-byte value", per, values["long"])
 	}
-
-	for _, k := range []string{"short", "longer", "long", "longest", "short", "long", "longer", "longest", "long"} {
-		get(k)
+	if !onLoop(t, p, func(*loopClient) bool { return true }) {
+		t.Fatal("the client getting the values left the loop")
 	}
-	onLoop(t, p, func(lc *loopClient) bool {
-		ls, held := lc.ls, 0
-		for _, b := range ls.chunks {
-			held += cap(b)
-			if cap(b) < loopChunk || cap(b) > loopChunkKeepMax {
-				t.Errorf("a kept chunk of %d bytes", cap(b))
+
+	// Each on a client of its own: a reply longer than the socket takes
+	// at once moves its client to the goroutine path (see loopCopyMax),
+	// but the loop still reads it from memcached.
+	fresh := func(k string) {
+		c := newLineClient(t, addr)
+		get(c, k)
+		c.c.Close()
+	}
+	for _, k := range []string{"short", "longer", "long", "longest", "short", "long", "longer", "longest", "long"} {
+		fresh(k)
+	}
+	// After replies longer than any chunk kept, a short one takes a kept
+	// chunk, not an array as long as they were.
+	for range 12 {
+		fresh("longest")
+	}
+	runtime.ReadMemStats(&before)
+	for range 3 {
+		fresh("short")
+	}
+	runtime.ReadMemStats(&after)
+	if n := after.TotalAlloc - before.TotalAlloc; n > loopChunkKeepMax/4 {
+		t.Errorf("%d bytes allocated for 3 gets of a %d-byte value after longer ones", n, values["short"])
+	}
+	for el, ls := range eventLoopsOf(p) {
+		checked := make(chan struct{})
+		el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			defer close(checked)
+			held := 0
+			for _, b := range ls.chunks {
+				held += cap(b)
+				if cap(b) < loopChunk || cap(b) > loopChunkKeepMax {
+					t.Errorf("a kept chunk of %d bytes", cap(b))
+				}
 			}
-		}
-		if held != ls.chunksKept || held > loopChunksBytes || len(ls.chunks) > loopChunksKept {
-			t.Errorf("%d chunks kept of %d bytes, counted as %d", len(ls.chunks), held, ls.chunksKept)
-		}
-		return true
-	})
+			if held != ls.chunksKept || held > loopChunksBytes || len(ls.chunks) > loopChunksKept {
+				t.Errorf("%d chunks kept of %d bytes, counted as %d", len(ls.chunks), held, ls.chunksKept)
+			}
+			return nil
+		}))
+		<-checked
+	}
 }
