@@ -330,7 +330,7 @@ func TestEventLoopPipelinesBatches(t *testing.T) {
 // gets at once, as TestEventLoopJoinsGetsOfManyClients does, against
 // memcached: gets of a short value join one get line, but once gets of a
 // long value have come back long, the same six gets of it go upstream as
-// six lines, each reply read into a chunk of its own.
+// six lines, so that no reply holds six long values.
 func TestEventLoopLongRepliesJoinNoGetLines(t *testing.T) {
 	mc := startMemcached(t)
 	p, addr := startProxy(t, loopConfig(mc))

@@ -121,9 +121,12 @@ type loopState struct {
 	reqs            []*loopReq
 	shares          []*loopShare
 	chunks          [][]byte // chunks to read replies into, no longer referred to
-	chunksKept      int      // the bytes of chunks
-	dec             []byte   // a value being opened
-	sealBuf         []byte   // a reply to a TLS client, before encryption
+	// shortKept counts the chunks of loopChunk bytes among chunks, and
+	// longKept the bytes of the longer ones; made, the bytes of the
+	// chunks allocated.
+	shortKept, longKept, made int
+	dec                       []byte // a value being opened
+	sealBuf                   []byte // a reply to a TLS client, before encryption
 	// now is when the loop's callback running began: the clock is read
 	// once per event, not per request (four reads a request otherwise).
 	now time.Time
@@ -345,8 +348,9 @@ type loopUpstream struct {
 // 3), joining them cost the proxy more CPU than it spared.
 const loopJoinKeys = 16
 
-// loopJoinReplyMax is the most bytes a retrieval's reply may have had, on
-// a moving mean, for the next to join a get line. Joining spares memcached
+// loopJoinReplyMax is the most bytes the replies to a connection's
+// retrievals of up to loopJoinKeys keys may have had, on a moving mean,
+// for the next to join a get line. Joining spares memcached
 // a command and the proxy a line, which is nothing next to long values,
 // and a reply shared by many clients' long values is long: it outgrows
 // chunk after chunk, each move copying all of it read so far. Measured on
@@ -420,16 +424,17 @@ const (
 	loopSeenKeep = 4096 // entries of a repeat table kept with a free slot
 	loopLineKeep = 1024 // bytes of a storage command's reply line kept with a free request
 
-	// loopChunksKept is how many chunks a loop keeps for reading replies
-	// into (see loopUpstream.chunk) once no reply in them is referred to,
-	// loopChunksBytes the most bytes they hold together, and
-	// loopChunkKeepMax the largest it keeps: a reply of long values is
-	// read into a chunk of its size (see chunk), and one allocated for
-	// each would be zeroed and its pages faulted in each time, and be cold
-	// in the CPU's cache when written to the client.
-	loopChunksKept   = 32
-	loopChunksBytes  = 16 << 20
-	loopChunkKeepMax = 4 << 20
+	// loopChunksKept is how many chunks of loopChunk bytes a loop keeps
+	// for reading replies into (see loopUpstream.chunk) once no reply in
+	// them is referred to. A reply of long values is read into a chunk of
+	// its size (see chunk); one allocated for each would be zeroed and its
+	// pages faulted in each time, and be cold in the CPU's cache when
+	// written to the client. Of those longer chunks the loop keeps up to
+	// loopLongChunksBytes, none over loopChunkKeepMax: kept apart, so that
+	// a burst of short replies does not leave no room for long ones.
+	loopChunksKept      = 32
+	loopLongChunksBytes = 16 << 20
+	loopChunkKeepMax    = 4 << 20
 )
 
 // loopSeed seeds the hashes of the keys a retrieval looks for repeats of.
@@ -479,11 +484,16 @@ func (ls *loopState) chunk(n int) *loopShare {
 	}
 	if best < 0 {
 		sh.buf = make([]byte, 0, n)
+		ls.made += n
 		return sh
 	}
 	sh.buf = ls.chunks[best]
 	ls.chunks = slices.Delete(ls.chunks, best, best+1)
-	ls.chunksKept -= cap(sh.buf)
+	if n := cap(sh.buf); n > loopChunk {
+		ls.longKept -= n
+	} else {
+		ls.shortKept--
+	}
 	return sh
 }
 
@@ -495,10 +505,13 @@ func (ls *loopState) release(sh *loopShare) {
 	}
 	// A reply that outgrew its chunk may have moved to a smaller array
 	// (see adopt): only whole chunks are kept, or one would sit on top.
-	b := sh.buf
-	if n := cap(b); n >= loopChunk && n <= loopChunkKeepMax && len(ls.chunks) < loopChunksKept && ls.chunksKept+n <= loopChunksBytes {
+	switch b, n := sh.buf, cap(sh.buf); {
+	case n == loopChunk && ls.shortKept < loopChunksKept:
 		ls.chunks = append(ls.chunks, b[:0])
-		ls.chunksKept += n
+		ls.shortKept++
+	case n > loopChunk && n <= loopChunkKeepMax && ls.longKept+n <= loopLongChunksBytes:
+		ls.chunks = append(ls.chunks, b[:0])
+		ls.longKept += n
 	}
 	*sh = loopShare{}
 	if len(ls.shares) < loopFreeMax {
@@ -1624,6 +1637,7 @@ func (u *loopUpstream) abort(err error) {
 // server.
 func (u *loopUpstream) fail(err error) {
 	if u.q.len() == 0 {
+		u.dropChunk()
 		return
 	}
 	u.srv.Record(u.q.front().began, err)
@@ -1702,7 +1716,7 @@ func (u *loopUpstream) replies() {
 	off := 0
 	for u.sent > 0 && off < len(data) {
 		r := u.q.front()
-		u.takeChunk(0)
+		u.takeChunk(0, 0)
 		n, whole, bad := u.scan.feed(data[off:], r)
 		u.adopt()
 		off += n
@@ -1740,8 +1754,9 @@ func (u *loopUpstream) replies() {
 			}
 			u.joined = joined // its array serves the next joined reply
 		}
-		if !r.store && !r.meta {
-			// A mean over about the last eight replies.
+		if !r.store && !r.meta && len(r.asked) <= loopJoinKeys {
+			// A mean over about the last eight replies to requests
+			// that may join a line.
 			u.replyMean += (len(reply)/max(1, len(joined)) - u.replyMean) / 8
 		}
 		if err != nil && u.batchErr == nil {
@@ -1812,19 +1827,21 @@ const (
 )
 
 // takeChunk has the connection read into a chunk with room for at least n
-// more bytes, taking one when it has none.
-func (u *loopUpstream) takeChunk(n int) {
+// more bytes, taking one when it has none. A reply that has to move goes
+// to a chunk of at least size bytes, and of twice what it has so far, so
+// that a long reply, of many values, moves a few times, not once a read.
+func (u *loopUpstream) takeChunk(n, size int) {
+	acc := u.scan.acc
+	if u.chunk != nil && cap(acc)-len(acc) >= n {
+		return
+	}
+	size = max(size, len(acc)+n, 2*len(acc))
 	if u.chunk == nil {
-		u.chunk = u.ls.chunk(n)
+		u.chunk = u.ls.chunk(size)
 		u.scan.acc = u.chunk.buf[:0]
 		return
 	}
-	if cap(u.scan.acc)-len(u.scan.acc) >= n {
-		return
-	}
-	// Twice what the reply has so far: a long reply, of many values,
-	// moves a few times, not once a read.
-	u.moveTo(2*len(u.scan.acc) + n)
+	u.moveTo(size)
 }
 
 // moveTo moves what is read of the reply being read to a chunk of at
@@ -1861,33 +1878,33 @@ func (u *loopUpstream) dropChunk() {
 }
 
 // room returns where the connection's next read goes: the rest of its
-// chunk, at least loopChunkRoom bytes, and for a long value, room for as
-// much of it as one read straight into place takes (replyScan.direct),
-// and the END after it, so that those 5 bytes do not move the whole value.
+// chunk, at least loopChunkRoom bytes, and for a long value, as much of
+// it as one read straight into place takes (replyScan.direct), with
+// loopChunkRoom after it, so that the bytes after the value do not move
+// it. A reply moved for a long value moves to a chunk with room for all
+// of the value, up to the largest chunk the loop keeps: memory follows
+// what arrives, not what a reply says will.
 func (u *loopUpstream) room() []byte {
-	want := loopChunkRoom
-	if len(u.scan.acc) == 0 {
+	want, size := loopChunkRoom, 0
+	if len(u.scan.acc) == 0 && u.sent > 0 {
 		// A reply begins: room for as long a one as they have been, so
 		// that a long one is read whole where it begins, not moved; no
 		// more than a chunk the loop keeps, so that a short reply after
 		// long ones does not take an array of their size for itself.
 		want = max(want, min(u.replyMean+u.replyMean/4, loopChunkKeepMax))
 	}
-	u.takeChunk(want)
 	n := u.scan.direct()
-	if n == 0 {
-		return u.scan.acc[len(u.scan.acc):cap(u.scan.acc)]
+	if n > 0 {
+		want = n + loopChunkRoom
+		size = len(u.scan.acc) + min(u.scan.need, loopChunkKeepMax) + loopChunkRoom
 	}
+	u.takeChunk(want, size)
 	acc := u.scan.acc
-	if cap(acc)-len(acc) < n+len(replyEnd) {
-		size := len(acc) + n + len(replyEnd)
-		if u.scan.need > n {
-			size = max(size, 2*len(acc)+n) // more to come: move a few times
-		}
-		u.moveTo(size)
+	if n == 0 {
+		return acc[len(acc):cap(acc)]
 	}
 	u.ls.l.p.stats.readsInPlace.Add(1)
-	return u.scan.acc[len(u.scan.acc) : len(u.scan.acc)+n]
+	return acc[len(acc) : len(acc)+n]
 }
 
 var errLoopProtocol = errors.New("upstream reply out of step")

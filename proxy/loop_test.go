@@ -1310,64 +1310,73 @@ func TestEventLoopDeleteOfDamagedItemFailingAtOnce(t *testing.T) {
 // reply, byte for byte; bytes that arrive elsewhere are copied, not taken
 // as if they were in place.
 func TestReplyScanReadsLongValuesInPlace(t *testing.T) {
-	const size = 3*loopDirectMax/2 + 7
-	value := make([]byte, size)
-	for i := range value {
-		value[i] = byte('a' + i%23)
-	}
-	head := fmt.Sprintf("VALUE k 0 %d\r\n", size)
-	whole := head + string(value) + "\r\nEND\r\n"
 	req := &loopReq{}
 	upstreamOnLoop := func() *loopUpstream {
-		return &loopUpstream{ls: &loopState{l: &eventLoops{p: &Proxy{stats: newStats()}}}}
+		return &loopUpstream{ls: &loopState{l: &eventLoops{p: &Proxy{stats: newStats()}}}, sent: 1}
 	}
 
-	// The room leaves space for the END after the value, however much the
-	// chunk had: the value is not moved to a larger array for 5 bytes.
+	// The room leaves loopChunkRoom after the value's next bytes, however
+	// much the chunk had: the value does not move for the END after it.
 	tight := upstreamOnLoop()
-	tight.takeChunk(0)
+	tight.takeChunk(0, 0)
 	tight.scan.acc = append(tight.scan.acc, make([]byte, loopChunk-loopDirectMin-2)...)
 	tight.scan.need = loopDirectMin
-	if room := tight.room(); len(room) != loopDirectMin || cap(tight.scan.acc)-len(tight.scan.acc)-len(room) < len(replyEnd) {
+	if room := tight.room(); len(room) != loopDirectMin || cap(tight.scan.acc)-len(tight.scan.acc)-len(room) < loopChunkRoom {
 		t.Fatalf("room of %d bytes leaves %d after it", len(room), cap(tight.scan.acc)-len(tight.scan.acc)-len(room))
 	}
 	for _, tc := range []struct {
 		name   string
+		size   int   // of the value
+		mean   int   // of the connection's replies before
 		pieces []int // bytes of the value and its CRLF per read
 		place  bool  // read into room; otherwise from a buffer of gnet's
 	}{
-		{"in place, one piece a room", nil, true},
-		{"in place, uneven pieces", []int{1, 4095, loopDirectMin + 3, 100000}, true},
-		{"copied from elsewhere", []int{1, 70000, loopDirectMax + 9}, false},
+		{"in place, one piece a room", 3*loopDirectMax/2 + 7, 0, nil, true},
+		{"in place, uneven pieces", 3*loopDirectMax/2 + 7, 0, []int{1, 4095, loopDirectMin + 3, 100000}, true},
+		{"copied from elsewhere", 3*loopDirectMax/2 + 7, 0, []int{1, 70000, loopDirectMax + 9}, false},
+		{"in place, all but filling its chunk", loopDirectMax - 200, 700_000, nil, true},
+		{"in place, longer than a kept chunk, after long replies", loopChunkKeepMax + loopChunkKeepMax/8, 7 * loopChunkKeepMax / 8, nil, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			value := make([]byte, tc.size)
+			for i := range value {
+				value[i] = byte('a' + i%23)
+			}
+			head := fmt.Sprintf("VALUE k 0 %d\r\n", tc.size)
+			whole := head + string(value) + "\r\nEND\r\n"
 			u := upstreamOnLoop()
+			u.replyMean = tc.mean
 			r := &u.scan
-			u.takeChunk(0)
-			if n, whole, bad := r.feed([]byte(head), req); n != len(head) || whole || bad {
+			// read puts data where the loop's next read would: into the
+			// room, or into a buffer of gnet's.
+			read := func(b []byte, place bool) []byte {
+				room := u.room()
+				if place {
+					return room[:copy(room, b)]
+				}
+				return slices.Clone(b)
+			}
+			if data := read([]byte(head), tc.place); len(data) != len(head) {
+				t.Fatalf("room of %d bytes for a header of %d", len(data), len(head))
+			} else if n, whole, bad := r.feed(data, req); n != len(head) || whole || bad {
 				t.Fatalf("header: took %d, whole %v, bad %v", n, whole, bad)
 			}
 			rest := append(slices.Clone(value), "\r\n"...)
 			for i := 0; len(rest) > 0; i++ {
-				var room []byte
-				if r.need >= loopDirectMin {
-					room = u.room()
-					if len(room) != min(r.need, loopDirectMax) {
-						t.Fatalf("room of %d bytes with %d to come", len(room), r.need)
-					}
-				} else if u.room(); r.direct() != 0 {
-					t.Fatalf("a read straight into place with only %d to come", r.need)
-				}
 				n := len(rest)
 				if i < len(tc.pieces) {
 					n = min(n, tc.pieces[i])
 				}
-				var data []byte
-				if tc.place && room != nil {
-					n = min(n, len(room))
-					data = room[:copy(room, rest[:n])]
-				} else {
-					data = slices.Clone(rest[:n])
+				direct := r.direct()
+				if r.need >= loopDirectMin && direct != min(r.need, loopDirectMax) || r.need < loopDirectMin && direct != 0 {
+					t.Fatalf("a direct read of %d bytes with %d to come", direct, r.need)
+				}
+				if direct > 0 {
+					n = min(n, direct)
+				}
+				data := read(rest[:n], tc.place)
+				if len(data) != n {
+					t.Fatalf("read %d: room of %d bytes for %d", i, len(data), n)
 				}
 				if got, whole, bad := r.feed(data, req); got != n || whole || bad {
 					t.Fatalf("read %d: took %d of %d, whole %v, bad %v", i, got, n, whole, bad)
@@ -1376,7 +1385,7 @@ func TestReplyScanReadsLongValuesInPlace(t *testing.T) {
 				rest = rest[n:]
 			}
 			array := &r.acc[0]
-			if n, whole, bad := r.feed([]byte("END\r\n"), req); n != 5 || !whole || bad {
+			if n, whole, bad := r.feed(read([]byte("END\r\n"), tc.place), req); n != 5 || !whole || bad {
 				t.Fatalf("END: took %d, whole %v, bad %v", n, whole, bad)
 			}
 			if tc.place && &r.acc[0] != array {
@@ -1651,12 +1660,10 @@ func TestEventLoopResumesHeldClientsWhenWritten(t *testing.T) {
 
 // TestEventLoopLongValuesReuseChunks gets one long value over and over
 // through the loop: each reply is read into a chunk the loop keeps, not
-// into an array allocated for it (zeroed and faulted in each time), so
-// the proxy allocates far less a get than the value's length. Then gets
-// of values of other lengths, longer than a kept chunk among them: a
+// into an array allocated for it (zeroed and faulted in each time). Then
+// gets of values of other lengths, longer than a kept chunk among them: a
 // short one after long ones allocates nothing of their size, and the
-// chunks the loop keeps stay within its bounds, their bytes counted
-// right.
+// chunks the loop keeps stay within its bounds, counted right.
 func TestEventLoopLongValuesReuseChunks(t *testing.T) {
 	cfg := loopConfig(startMemcached(t, "-I", "8m"))
 	cfg.MaxItemSize = 8 << 20
@@ -1671,83 +1678,84 @@ func TestEventLoopLongValuesReuseChunks(t *testing.T) {
 		}
 	}
 	setter.c.Close()
-	c := newLineClient(t, addr)
 	wants := make(map[string]string)
 	for k, size := range values {
 		wants[k] = fmt.Sprintf("VALUE %s 0 %d\r\n%s\r\nEND\r\n", k, size, strings.Repeat(k[:1], size))
 	}
-	var buf []byte
-	get := func(c *lineClient, k string) {
+	// Each get on a client of its own: a reply longer than the socket
+	// takes at once moves its client to the goroutine path (see
+	// loopCopyMax), but the loop still reads it from memcached.
+	get := func(k string) {
+		c := newLineClient(t, addr)
+		defer c.c.Close()
 		want := wants[k]
-		if cap(buf) < len(want) {
-			buf = make([]byte, len(want))
-		}
-		buf = buf[:len(want)]
 		c.c.SetDeadline(time.Now().Add(10 * time.Second))
 		if _, err := io.WriteString(c.c, "get "+k+"\r\n"); err != nil {
 			t.Fatal(err)
 		}
+		buf := make([]byte, len(want))
 		if _, err := io.ReadFull(c.br, buf); err != nil || string(buf) != want {
 			t.Fatalf("get %s answered %d bytes (%v), not the value", k, len(buf), err)
 		}
 	}
-	for range 4 {
-		get(c, "long") // the loop learns how long its replies are
+	// onLoops runs f on the state of each of p's loops (it has one).
+	onLoops := func(f func(ls *loopState)) {
+		for el, ls := range eventLoopsOf(p) {
+			ran := make(chan struct{})
+			el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+				defer close(ran)
+				f(ls)
+				return nil
+			}))
+			<-ran
+		}
 	}
-	const gets = 40
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	for range gets {
-		get(c, "long")
-	}
-	runtime.ReadMemStats(&after)
-	if per := (after.TotalAlloc - before.TotalAlloc) / gets; per > uint64(values["long"]/8) {
-		t.Errorf("%d bytes allocated a get of a %d-byte value", per, values["long"])
-	}
-	if !onLoop(t, p, func(*loopClient) bool { return true }) {
-		t.Fatal("the client getting the values left the loop")
+	made := func() (n int) {
+		onLoops(func(ls *loopState) { n += ls.made })
+		return n
 	}
 
-	// Each on a client of its own: a reply longer than the socket takes
-	// at once moves its client to the goroutine path (see loopCopyMax),
-	// but the loop still reads it from memcached.
-	fresh := func(k string) {
-		c := newLineClient(t, addr)
-		get(c, k)
-		c.c.Close()
+	for range 4 {
+		get("long") // the loop learns how long its replies are
 	}
+	const gets = 40
+	before := made()
+	for range gets {
+		get("long")
+	}
+	if n := made() - before; n > loopChunkKeepMax {
+		t.Errorf("chunks of %d bytes allocated for %d gets of a %d-byte value", n, gets, values["long"])
+	}
+
 	for _, k := range []string{"short", "longer", "long", "longest", "short", "long", "longer", "longest", "long"} {
-		fresh(k)
+		get(k)
 	}
 	// After replies longer than any chunk kept, a short one takes a kept
 	// chunk, not an array as long as they were.
 	for range 12 {
-		fresh("longest")
+		get("longest")
 	}
-	runtime.ReadMemStats(&before)
+	before = made()
 	for range 3 {
-		fresh("short")
+		get("short")
 	}
-	runtime.ReadMemStats(&after)
-	if n := after.TotalAlloc - before.TotalAlloc; n > loopChunkKeepMax/4 {
-		t.Errorf("%d bytes allocated for 3 gets of a %d-byte value after longer ones", n, values["short"])
+	if n := made() - before; n > loopChunk {
+		t.Errorf("chunks of %d bytes allocated for 3 gets of a %d-byte value after longer ones", n, values["short"])
 	}
-	for el, ls := range eventLoopsOf(p) {
-		checked := make(chan struct{})
-		el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-			defer close(checked)
-			held := 0
-			for _, b := range ls.chunks {
-				held += cap(b)
-				if cap(b) < loopChunk || cap(b) > loopChunkKeepMax {
-					t.Errorf("a kept chunk of %d bytes", cap(b))
-				}
+	onLoops(func(ls *loopState) {
+		short, long := 0, 0
+		for _, b := range ls.chunks {
+			switch n := cap(b); {
+			case n == loopChunk:
+				short++
+			case n > loopChunk && n <= loopChunkKeepMax:
+				long += n
+			default:
+				t.Errorf("a kept chunk of %d bytes", n)
 			}
-			if held != ls.chunksKept || held > loopChunksBytes || len(ls.chunks) > loopChunksKept {
-				t.Errorf("%d chunks kept of %d bytes, counted as %d", len(ls.chunks), held, ls.chunksKept)
-			}
-			return nil
-		}))
-		<-checked
-	}
+		}
+		if short != ls.shortKept || long != ls.longKept || short > loopChunksKept || long > loopLongChunksBytes {
+			t.Errorf("kept %d chunks of %d bytes and %d bytes of longer ones, counted as %d and %d", short, loopChunk, long, ls.shortKept, ls.longKept)
+		}
+	})
 }
