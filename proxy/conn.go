@@ -357,11 +357,17 @@ func (c *conn) serveBlocking() error {
 // waiting instead, which a TLS session's records do not let it). Once a
 // run of the clock: a trickle that makes no request is still closed.
 func (c *conn) spareLate(spared *time.Time) {
-	if c.idleBy.IsZero() || c.idleBy.Equal(*spared) || time.Now().Before(c.idleBy) || c.p.draining() || !sockio.Waiting(c.nc) {
+	if c.idleBy.IsZero() || c.idleBy.Equal(*spared) || time.Now().Before(c.idleBy) || !sockio.Waiting(c.nc) {
 		return
 	}
 	*spared = c.idleBy
-	c.nc.SetReadDeadline(time.Now().Add(c.p.cfg.IdleTimeout))
+	// Under wakeMu, as a shutdown's wake-up (wakeIfIdle): this deadline
+	// must not undo one.
+	c.wakeMu.Lock()
+	defer c.wakeMu.Unlock()
+	if !c.p.draining() {
+		c.nc.SetReadDeadline(time.Now().Add(c.p.cfg.IdleTimeout))
+	}
 }
 
 // park lets go of the buffers a connection that is about to wait for its

@@ -23,6 +23,7 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 
+	"mcsidecar/proxy/internal/sockio"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -733,5 +734,48 @@ func TestTLSClientHandedOverWhileGnetHoldsRecords(t *testing.T) {
 		if n := loopHandovers(p); n != uint64(i+1) {
 			t.Errorf("case %d: %d connections left the loop, want %d", i, n, i+1)
 		}
+	}
+}
+
+// TestWaitingSeesThroughTheTLSBridge: the idle clock's second look over
+// TLS (conn.spareLate) asks sockio.Waiting about the connection's TLS
+// session, which, for a client an event loop handed over, runs over the
+// loop's bridge. Waiting must see the bytes in the socket under the
+// bridge once the goroutine path owns it, and the bytes the bridge holds
+// that TLS has not read.
+func TestWaitingSeesThroughTheTLSBridge(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	sock, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sock.Close()
+	b := &tlsBridge{Conn: sock}
+	session := tls.Server(b, &tls.Config{})
+	if sockio.Waiting(session) {
+		t.Fatal("bytes waiting before the client sent any")
+	}
+	if _, err := client.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(5*time.Second, func() bool { return sockio.Waiting(session) }) {
+		t.Fatal("the byte the client sent is not seen waiting under the bridge")
+	}
+	b.loop = true // the loop owns the socket: it reads it, not TLS
+	if sockio.Waiting(session) {
+		t.Error("bytes seen waiting in a socket the loop owns")
+	}
+	b.in, b.off = []byte("abc"), 1
+	if !sockio.Waiting(session) {
+		t.Error("the bytes the bridge holds are not seen waiting")
 	}
 }

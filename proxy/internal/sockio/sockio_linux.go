@@ -56,10 +56,14 @@ var countsAcked = sync.OnceValue(func() bool {
 })
 
 // Waiting reports whether bytes are waiting to be read in the socket
-// under nc (under its TLS session, for a TLS connection).
+// under nc (under its TLS session, for a TLS connection), or in a buffer
+// between the two that says how many it holds (Buffered).
 func Waiting(nc net.Conn) bool {
 	if t, ok := nc.(*tls.Conn); ok {
 		nc = t.NetConn()
+	}
+	if b, ok := nc.(interface{ Buffered() int }); ok && b.Buffered() > 0 {
+		return true
 	}
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
