@@ -120,13 +120,13 @@ type loopState struct {
 	slots           []*loopSlot
 	reqs            []*loopReq
 	shares          []*loopShare
-	chunks          [][]byte // chunks to read replies into, no longer referred to
-	// shortKept counts the chunks of loopChunk bytes among chunks, and
-	// longKept the bytes of the longer ones; made, the bytes of the
-	// chunks allocated.
-	shortKept, longKept, made int
-	dec                       []byte // a value being opened
-	sealBuf                   []byte // a reply to a TLS client, before encryption
+	// chunks are the chunks of loopChunk bytes to read replies into that
+	// no reply refers to any more, and long the longer ones, of longKept
+	// bytes in all; made is the bytes of the chunks allocated.
+	chunks, long   [][]byte
+	longKept, made int
+	dec            []byte // a value being opened
+	sealBuf        []byte // a reply to a TLS client, before encryption
 	// now is when the loop's callback running began: the clock is read
 	// once per event, not per request (four reads a request otherwise).
 	now time.Time
@@ -476,9 +476,15 @@ func (ls *loopState) chunk(n int) *loopShare {
 	}
 	sh := take(&ls.shares)
 	sh.refs = 1
+	if k := len(ls.chunks); n == loopChunk && k > 0 {
+		sh.buf = ls.chunks[k-1]
+		ls.chunks[k-1] = nil
+		ls.chunks = ls.chunks[:k-1]
+		return sh
+	}
 	best := -1
-	for k, b := range ls.chunks {
-		if cap(b) >= n && (best < 0 || cap(b) <= cap(ls.chunks[best])) {
+	for k, b := range ls.long {
+		if cap(b) >= n && (best < 0 || cap(b) <= cap(ls.long[best])) {
 			best = k
 		}
 	}
@@ -487,13 +493,9 @@ func (ls *loopState) chunk(n int) *loopShare {
 		ls.made += n
 		return sh
 	}
-	sh.buf = ls.chunks[best]
-	ls.chunks = slices.Delete(ls.chunks, best, best+1)
-	if n := cap(sh.buf); n > loopChunk {
-		ls.longKept -= n
-	} else {
-		ls.shortKept--
-	}
+	sh.buf = ls.long[best]
+	ls.long = slices.Delete(ls.long, best, best+1)
+	ls.longKept -= cap(sh.buf)
 	return sh
 }
 
@@ -506,11 +508,10 @@ func (ls *loopState) release(sh *loopShare) {
 	// A reply that outgrew its chunk may have moved to a smaller array
 	// (see adopt): only whole chunks are kept, or one would sit on top.
 	switch b, n := sh.buf, cap(sh.buf); {
-	case n == loopChunk && ls.shortKept < loopChunksKept:
+	case n == loopChunk && len(ls.chunks) < loopChunksKept:
 		ls.chunks = append(ls.chunks, b[:0])
-		ls.shortKept++
 	case n > loopChunk && n <= loopChunkKeepMax && ls.longKept+n <= loopLongChunksBytes:
-		ls.chunks = append(ls.chunks, b[:0])
+		ls.long = append(ls.long, b[:0])
 		ls.longKept += n
 	}
 	*sh = loopShare{}

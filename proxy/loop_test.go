@@ -1743,19 +1743,20 @@ func TestEventLoopLongValuesReuseChunks(t *testing.T) {
 		t.Errorf("chunks of %d bytes allocated for 3 gets of a %d-byte value after longer ones", n, values["short"])
 	}
 	onLoops(func(ls *loopState) {
-		short, long := 0, 0
+		long := 0
 		for _, b := range ls.chunks {
-			switch n := cap(b); {
-			case n == loopChunk:
-				short++
-			case n > loopChunk && n <= loopChunkKeepMax:
-				long += n
-			default:
-				t.Errorf("a kept chunk of %d bytes", n)
+			if cap(b) != loopChunk {
+				t.Errorf("a kept chunk of %d bytes among those of %d", cap(b), loopChunk)
 			}
 		}
-		if short != ls.shortKept || long != ls.longKept || short > loopChunksKept || long > loopLongChunksBytes {
-			t.Errorf("kept %d chunks of %d bytes and %d bytes of longer ones, counted as %d and %d", short, loopChunk, long, ls.shortKept, ls.longKept)
+		for _, b := range ls.long {
+			if n := cap(b); n <= loopChunk || n > loopChunkKeepMax {
+				t.Errorf("a kept long chunk of %d bytes", n)
+			}
+			long += cap(b)
+		}
+		if len(ls.chunks) > loopChunksKept || long != ls.longKept || long > loopLongChunksBytes {
+			t.Errorf("kept %d chunks of %d bytes and %d bytes of longer ones, counted as %d", len(ls.chunks), loopChunk, long, ls.longKept)
 		}
 	})
 }
