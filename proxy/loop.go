@@ -127,9 +127,20 @@ type loopState struct {
 	longKept, made int
 	dec            []byte // a value being opened
 	sealBuf        []byte // a reply to a TLS client, before encryption
-	// now is when the loop's callback running began: the clock is read
-	// once per event, not per request (four reads a request otherwise).
-	now time.Time
+	// now is when the loop began handling the events of its current
+	// poll: the clock is read at the first event of a poll (see clock),
+	// not per event or per request, and OnPollEnd has the next poll read
+	// it anew. A poll takes microseconds, a few milliseconds at most;
+	// the upstream timeout and the latency histograms are coarser.
+	now      time.Time
+	nowTaken bool
+}
+
+// clock sets now, once per poll.
+func (ls *loopState) clock() {
+	if !ls.nowTaken {
+		ls.now, ls.nowTaken = time.Now(), true
+	}
 }
 
 // loopClient is one client connection on a loop.
@@ -599,7 +610,7 @@ func (l *eventLoops) tick() {
 		l.mu.Lock()
 		for el, ls := range l.loops {
 			el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-				ls.now = time.Now()
+				ls.clock()
 				ls.check()
 				return nil
 			}))
@@ -680,14 +691,14 @@ func (l *eventLoops) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 		x.ls.clients[x] = struct{}{}
 		if x.tls != nil {
 			// Requests sent right after the handshake may be read already.
-			x.ls.now = time.Now()
+			x.ls.clock()
 			return nil, x.traffic()
 		}
 	case *loopDialed:
 		u := x.u
 		gc.SetContext(u)
 		u.gc, u.tls, u.dialing = gc, x.tls, false
-		u.ls.now = time.Now()
+		u.ls.clock()
 		u.flush()
 	}
 	return nil, gnet.None
@@ -708,10 +719,10 @@ func (l *eventLoops) ReadInto(gc gnet.Conn) []byte {
 func (l *eventLoops) OnTraffic(gc gnet.Conn) gnet.Action {
 	switch x := gc.Context().(type) {
 	case *loopClient:
-		x.ls.now = time.Now()
+		x.ls.clock()
 		return x.traffic()
 	case *loopUpstream:
-		x.ls.now = time.Now()
+		x.ls.clock()
 		x.replies()
 	}
 	return gnet.None
@@ -734,7 +745,7 @@ func (l *eventLoops) OnPollEnd(el gnet.EventLoop) {
 	if len(ls.held) > 0 {
 		// A poll that only wrote a held client's replies ran no callback
 		// that read the clock.
-		ls.now = time.Now()
+		ls.clock()
 		ls.resumeHeld() // what they ask goes out below
 	}
 	for again := true; again; {
@@ -745,6 +756,7 @@ func (l *eventLoops) OnPollEnd(el gnet.EventLoop) {
 			again = again || (gc != nil && u.gc != gc)
 		}
 	}
+	ls.nowTaken = false
 }
 
 // resumeHeld resumes the clients held back that gnet has written enough
@@ -793,10 +805,10 @@ func (lc *loopClient) resume() {
 func (l *eventLoops) OnClose(gc gnet.Conn, err error) gnet.Action {
 	switch x := gc.Context().(type) {
 	case *loopClient:
-		x.ls.now = time.Now()
+		x.ls.clock()
 		x.closed(err)
 	case *loopUpstream:
-		x.ls.now = time.Now()
+		x.ls.clock()
 		if x.gc == gc {
 			x.gc, x.tls = nil, nil
 			if err == nil {
@@ -1610,7 +1622,7 @@ func (u *loopUpstream) dial() {
 		}
 		if err != nil {
 			el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-				u.ls.now = time.Now()
+				u.ls.clock()
 				u.dialing = false
 				u.fail(err)
 				return nil
