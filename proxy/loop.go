@@ -1740,7 +1740,7 @@ func (u *loopUpstream) replies() {
 		if !whole {
 			break
 		}
-		reply := u.scan.acc
+		reply, vals := u.scan.acc, u.scan.vals
 		var err error
 		if !r.store && !r.meta && !bytes.HasSuffix(reply, replyEnd) {
 			// A retrieval answered by one line other than END: memcached's
@@ -1754,23 +1754,20 @@ func (u *loopUpstream) replies() {
 		u.q.pop()
 		u.sent--
 		ends := r.ends
-		joined := u.joined[:0]
-		if r.joined > 0 {
-			// The requests that share r's get line share its reply.
-			joined = append(joined, r)
-			for range r.joined {
-				q := u.q.front()
-				joined = append(joined, q)
-				ends = ends || q.ends
-				u.q.pop()
-				u.sent--
-			}
-			u.joined = joined // its array serves the next joined reply
+		// The requests that share r's get line share its reply.
+		joined := append(u.joined[:0], r)
+		for range r.joined {
+			q := u.q.front()
+			joined = append(joined, q)
+			ends = ends || q.ends
+			u.q.pop()
+			u.sent--
 		}
+		u.joined = joined // its array serves the next reply
 		if !r.store && !r.meta && len(r.asked) <= loopJoinKeys {
 			// A mean over about the last eight replies to requests
 			// that may join a line.
-			u.replyMean += (len(reply)/max(1, len(joined)) - u.replyMean) / 8
+			u.replyMean += (len(reply)/len(joined) - u.replyMean) / 8
 		}
 		if err != nil && u.batchErr == nil {
 			u.batchErr = err
@@ -1786,8 +1783,7 @@ func (u *loopUpstream) replies() {
 		u.scan.next()
 		switch {
 		case err != nil:
-			r.done(nil, err)
-			for _, q := range joined[min(1, len(joined)):] {
+			for _, q := range joined {
 				q.done(nil, err)
 			}
 		case r.drop > 0:
@@ -1795,13 +1791,13 @@ func (u *loopUpstream) replies() {
 			u.dropped(r)
 		case r.store:
 			r.done(reply, nil) // which copies what it keeps
-		case len(joined) > 0:
-			u.chunk.refs += len(joined)
-			u.ls.answerJoined(joined, u.chunk, reply)
-		default:
+		case r.meta:
 			u.chunk.refs++
 			r.share = u.chunk
 			r.done(reply[:len(reply):len(reply)], nil)
+		default:
+			u.chunk.refs += len(joined)
+			u.ls.answerJoined(joined, u.chunk, reply, vals)
 		}
 		clear(joined)
 		if u.gc != gc {
@@ -1922,8 +1918,9 @@ func (u *loopUpstream) room() []byte {
 
 var errLoopProtocol = errors.New("upstream reply out of step")
 
-// answerJoined answers the requests that shared one get line from its
-// reply, in chunk sh, which holds a reference for each of them: memcached
+// answerJoined answers the requests that shared one get line (or the one
+// that had a line of its own) from its reply, whose VALUE lines are vals,
+// in chunk sh, which holds a reference for each of them: memcached
 // answers the keys of the line in order and skips misses, so each
 // request's VALUE blocks are the run of them that match finds for it, and
 // the next request's run begins where it stopped.
@@ -1931,13 +1928,17 @@ var errLoopProtocol = errors.New("upstream reply out of step")
 // When two of them name one key and memcached found it only the second
 // time (stored in between), the first takes the hit and the second has a
 // miss: either order is one the two concurrent requests could have run in.
-func (ls *loopState) answerJoined(group []*loopReq, sh *loopShare, reply []byte) {
-	b := reply
+func (ls *loopState) answerJoined(group []*loopReq, sh *loopShare, reply []byte, vals []valueAt) {
+	start := 0
 	for _, r := range group {
-		rest := r.slot.match(r, b)
-		n := len(b) - len(rest)
-		r.share, r.buf = sh, b[:n:n]
-		b = rest
+		n := r.slot.match(r, reply, vals)
+		end := start
+		if n > 0 {
+			v := &vals[n-1]
+			end = v.at + v.line + v.size + 2
+		}
+		r.share, r.buf = sh, reply[start:end:end]
+		start, vals = end, vals[n:]
 		r.slot.answered()
 	}
 }
@@ -1956,12 +1957,11 @@ func (r *loopReq) done(reply []byte, err error) {
 		for _, i := range r.asked {
 			s.owners[i].err = err
 		}
-	case r.meta:
+	default:
+		// A meta request's reply: a get's are matched to their
+		// requests by answerJoined.
 		r.buf = reply
 		s.matchMeta(r)
-	default:
-		r.buf = reply
-		s.match(r, reply)
 	}
 	s.answered()
 }
@@ -2063,33 +2063,28 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 	s.release()
 }
 
-// match points each asked key of r at its VALUE block in b: memcached
-// answers hits in the order the keys were asked and skips misses. A reply
-// that is not a retrieval's (an error line) leaves every key a miss. It
-// returns the rest of b from the first block that is not r's: the END,
-// or in a reply to a joined line the blocks of the requests after r.
-func (s *loopSlot) match(r *loopReq, b []byte) []byte {
+// match points each asked key of r at its VALUE block in reply, whose
+// VALUE lines, from r's first on, are vals: memcached answers hits in the
+// order the keys were asked and skips misses. A reply that is not a
+// retrieval's (an error line) has none, and leaves every key a miss. It
+// returns how many of vals are r's: in a reply to a joined line, the
+// blocks of the requests after r follow.
+func (s *loopSlot) match(r *loopReq, reply []byte, vals []valueAt) int {
 	k := 0
-	for bytes.HasPrefix(b, replyValue) {
-		i := bytes.IndexByte(b, '\n')
-		key, flags, size, cas, ok := wire.ParseValueLine(b[:i+1])
-		if !ok {
-			return b
-		}
-		hasCAS := bytes.Count(b[:i], []byte{' '}) == 4
-		end := i + 1 + size + 2
+	for n := range vals {
+		v := &vals[n]
+		key := v.keyIn(reply)
 		for k < len(r.asked) && !bytes.Equal(s.upKey(r.asked[k]), key) {
 			k++
 		}
 		if k == len(r.asked) {
-			return b
+			return n
 		}
 		o := &s.owners[r.asked[k]]
-		o.block, o.flags, o.size, o.cas, o.hasCAS = b[:end:end], flags, size, cas, hasCAS
+		o.block, o.flags, o.size, o.cas, o.hasCAS = v.block(reply), v.flags, v.size, v.cas, v.hasCAS
 		k++
-		b = b[end:]
 	}
-	return b
+	return len(vals)
 }
 
 // matchMeta points each asked key of r, a request of one mg per key, at
@@ -2408,11 +2403,40 @@ type replyScan struct {
 	line int // where the line being read starts in acc
 	need int // bytes of a value still to come, with their CRLF
 	mg   int // replies to mg lines read whole
+	// vals are the VALUE lines of a retrieval's reply read so far. The
+	// array serves the next reply once next is called: what the last one
+	// held stays valid until the next feed.
+	vals []valueAt
+}
+
+// valueAt is one VALUE line of a reply as the scan read it: where it
+// begins in the reply, how long it and its key are, and what else it
+// says, so that matching the reply to its keys does not parse it again.
+// It holds offsets, not slices: the reply may move to a larger chunk as
+// it grows.
+type valueAt struct {
+	at, line, key int
+	flags         uint32
+	size          int
+	cas           uint64
+	hasCAS        bool
+}
+
+// keyIn returns the line's key in reply.
+func (v *valueAt) keyIn(reply []byte) []byte {
+	return reply[v.at+len(replyValue) : v.at+len(replyValue)+v.key]
+}
+
+// block returns the line's VALUE block in reply: the line, the value and
+// its CRLF.
+func (v *valueAt) block(reply []byte) []byte {
+	end := v.at + v.line + v.size + 2
+	return reply[v.at:end:end]
 }
 
 // next starts the next reply where the one read ends.
 func (r *replyScan) next() {
-	*r = replyScan{acc: r.acc[len(r.acc):]}
+	*r = replyScan{acc: r.acc[len(r.acc):], vals: r.vals[:0]}
 }
 
 // loopDirectMin is the least of a value still to come that the loop reads
@@ -2497,11 +2521,12 @@ func (r *replyScan) feed(data []byte, req *loopReq) (took int, whole, bad bool) 
 		if !retrieval || !bytes.HasPrefix(line, replyValue) {
 			return took, true, false
 		}
-		_, _, size, _, ok := wire.ParseValueLine(line)
-		if !ok || size > upstream.MaxValueLen {
+		v, ok := wire.ParseValue(line)
+		if !ok || v.Size > upstream.MaxValueLen {
 			return took, false, true
 		}
-		r.need = size + 2
+		r.vals = append(r.vals, valueAt{at: r.line, line: len(line), key: len(v.Key), flags: v.Flags, size: v.Size, cas: v.CAS, hasCAS: v.HasCAS})
+		r.need = v.Size + 2
 	}
 	return took, false, false
 }

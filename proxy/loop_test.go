@@ -242,6 +242,22 @@ func FuzzLoopReplyScan(f *testing.F) {
 		if done1 && !bytes.Equal(whole.acc, data[:n1]) {
 			t.Fatalf("the reply %q is not the first %d bytes", whole.acc, n1)
 		}
+		if done1 && !slices.Equal(whole.vals, parts.vals) {
+			t.Fatalf("VALUE lines read at once %+v differ from those read in pieces %+v", whole.vals, parts.vals)
+		}
+		if done1 {
+			// The VALUE blocks the scan noted follow one another from the
+			// reply's start, each as its line says.
+			at := 0
+			for _, v := range whole.vals {
+				line := whole.acc[v.at : v.at+v.line]
+				w, ok := wire.ParseValue(line)
+				if v.at != at || !ok || !bytes.Equal(w.Key, v.keyIn(whole.acc)) || w.Flags != v.flags || w.Size != v.size || w.CAS != v.cas || w.HasCAS != v.hasCAS {
+					t.Fatalf("VALUE line noted as %+v at %d in %q", v, at, whole.acc)
+				}
+				at = v.at + len(v.block(whole.acc))
+			}
+		}
 		if i := bytes.IndexByte(data, '\n'); i >= 0 {
 			if key, flags, size, cas, ok := wire.ParseValueLine(data[:i+1]); ok {
 				if len(key) == 0 || bytes.IndexByte(key, ' ') >= 0 {

@@ -147,17 +147,26 @@ func ParseDecimal(b []byte, max uint64) (uint64, bool) {
 	return v, true
 }
 
-// ParseValueLine reads the line memcached begins a retrieval's hit with,
+// ValueLine is what the line that begins a retrieval's hit says.
+type ValueLine struct {
+	Key    []byte
+	Flags  uint32
+	Size   int
+	CAS    uint64
+	HasCAS bool // a fourth word: the line answers a gets
+}
+
+// ParseValue reads the line memcached begins a retrieval's hit with,
 // "VALUE <key> <flags> <bytes>[ <cas>]\r\n", as memcached writes it: single
 // spaces, no word empty, numbers in decimal. The size is at most 2^31-1.
-func ParseValueLine(line []byte) (key []byte, flags uint32, size int, cas uint64, ok bool) {
+func ParseValue(line []byte) (v ValueLine, ok bool) {
 	rest, ok := bytes.CutPrefix(line, []byte("VALUE "))
 	if !ok {
-		return
+		return v, false
 	}
 	rest, ok = bytes.CutSuffix(rest, []byte("\r\n"))
 	if !ok {
-		return
+		return v, false
 	}
 	// Three or four words, single spaces, none empty, as memcached
 	// writes them.
@@ -166,7 +175,7 @@ func ParseValueLine(line []byte) (key []byte, flags uint32, size int, cas uint64
 	for {
 		i := bytes.IndexByte(rest, ' ')
 		if n == 4 || i == 0 || len(rest) == 0 {
-			return nil, 0, 0, 0, false
+			return v, false
 		}
 		if i < 0 {
 			f[n] = rest
@@ -177,13 +186,23 @@ func ParseValueLine(line []byte) (key []byte, flags uint32, size int, cas uint64
 		n++
 	}
 	if n < 3 {
-		return nil, 0, 0, 0, false
+		return v, false
 	}
 	fl, okF := ParseDecimal(f[1], 1<<32-1)
 	sz, okS := ParseDecimal(f[2], 1<<31-1)
 	okC := true
 	if n == 4 {
-		cas, okC = ParseDecimal(f[3], 1<<64-1)
+		v.CAS, okC = ParseDecimal(f[3], 1<<64-1)
 	}
-	return f[0], uint32(fl), int(sz), cas, okF && okS && okC
+	v.Key, v.Flags, v.Size, v.HasCAS = f[0], uint32(fl), int(sz), n == 4
+	return v, okF && okS && okC
+}
+
+// ParseValueLine is ParseValue with the line's parts apart.
+func ParseValueLine(line []byte) (key []byte, flags uint32, size int, cas uint64, ok bool) {
+	v, ok := ParseValue(line)
+	if !ok {
+		return nil, 0, 0, 0, false
+	}
+	return v.Key, v.Flags, v.Size, v.CAS, true
 }
