@@ -164,6 +164,11 @@ type loopClient struct {
 	iov              []syscall.Iovec
 	tls              *loopTLS // the connection's TLS server, with --tls-cert-path
 	kept             []byte   // a copy of at least the bytes gnet holds to write (see keep)
+	// want is how many bytes the first request buffered needs before it
+	// is parsed again: a storage command whose value is still arriving,
+	// or 0. gnet gathers a long value from many reads, and parsing it
+	// after each would copy all of it that came so far each time.
+	want int
 	// counted: the socket counts the bytes it was given (sockio.Written),
 	// so the connection can move while gnet holds some (TCP on Linux).
 	counted bool
@@ -973,6 +978,10 @@ func (lc *loopClient) process() {
 		lc.hold()
 		return
 	}
+	if lc.want > 0 && lc.buffered() < lc.want {
+		return
+	}
+	lc.want = 0
 	lc.inProcess = true
 	data := unhandled(lc.gc, lc.tls)
 	off := 0
@@ -1234,6 +1243,7 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 	}
 	total := lineLen + a.vlen + 2
 	if len(data) < total {
+		lc.want = total // from where this request begins, the first once process hands what came before
 		return 0, true
 	}
 	if !bytes.HasSuffix(data[:total], crlf) {

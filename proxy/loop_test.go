@@ -1776,3 +1776,40 @@ func TestEventLoopLongValuesReuseChunks(t *testing.T) {
 		}
 	})
 }
+
+// TestEventLoopLongValueInPiecesIsParsedOnce sends a set whose value
+// arrives in many reads: gnet gathers them, and the request is parsed
+// once the value is all there, not after each read, where each look at
+// the bytes gathered so far copies them all into a new array.
+func TestEventLoopLongValueInPiecesIsParsedOnce(t *testing.T) {
+	up := startMemcached(t)
+	_, addr := startProxy(t, loopConfig(up))
+	c := newLineClient(t, addr)
+	value := make([]byte, 1000*1000)
+	for i := range value {
+		value[i] = byte('a' + i%26)
+	}
+	const piece = 16 << 10
+	c.c.SetDeadline(time.Now().Add(10 * time.Second))
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	fmt.Fprintf(c.c, "set long 0 0 %d\r\n", len(value))
+	for off := 0; off < len(value); off += piece {
+		if _, err := c.c.Write(value[off:min(off+piece, len(value))]); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond) // one read each
+	}
+	if got := c.do("\r\n"); got != "STORED\r\n" {
+		t.Fatalf("set answered %q", got)
+	}
+	runtime.ReadMemStats(&after)
+	if n := after.TotalAlloc - before.TotalAlloc; n > 16<<20 {
+		t.Fatalf("a set of %d bytes sent in %d-byte pieces allocated %d bytes", len(value), piece, n)
+	}
+	want := fmt.Sprintf("VALUE long 0 %d\r\n%s\r\nEND\r\n", len(value), value)
+	if got := c.do("get long\r\n"); got != want {
+		t.Fatalf("get long answered %d bytes, not the %d set", len(got), len(want))
+	}
+}
