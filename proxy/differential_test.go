@@ -145,6 +145,13 @@ var diffCases = []diffCase{
 	{name: "command split across reads", chunks: req("se", "t a 0 0 5\r\nhel", "lo\r\nget", " a\r\n")},
 	{name: "pipelined batch", chunks: req(strings.Repeat("set p 0 0 1\r\n1\r\nincr p 1\r\nget p q\r\n", 20) + "delete p\r\n")},
 	{name: "100 KB value", chunks: req("set big 0 0 100000\r\n" + val100k + "\r\nget big\r\n")},
+	// A long value in reads of its own: the event loop reads the rest of
+	// it into a buffer of its own, no further than its end.
+	{name: "100 KB value in pieces", chunks: req("set big 0 0 100000\r\n"+val100k[:30000], val100k[30000:70000], val100k[70000:]+"\r\nget big\r\n")},
+	{name: "100 KB value after its line", chunks: req("set a 0 0 1\r\na\r\nset big 3 0 100000\r\n", val100k+"\r\nget a big\r\n")},
+	{name: "100 KB value in pieces noreply", chunks: req("set big 0 0 100000 noreply\r\n"+val100k[:40000], val100k[40000:]+"\r\nget big\r\n")},
+	{name: "100 KB value in pieces with a bad data chunk", chunks: req("set big 0 0 1\r\nv\r\nset big 0 0 100000\r\n"+val100k[:50000], val100k[50000:]+"XXget big\r\n")},
+	{name: "100 KB value cut short", chunks: req("set big 0 0 100000\r\n"+val100k[:50000], val100k[50000:60000])},
 	{name: "value over the item size is refused and the old one dropped", chunks: req("set big 0 0 1\r\nv\r\nset big 0 0 1048577\r\n" + val1m1 + "\r\nget big\r\n")},
 	{name: "add over the item size keeps the old one", chunks: req("set big 0 0 1\r\nv\r\nadd big 0 0 1048577\r\n" + val1m1 + "\r\nget big\r\n")},
 }

@@ -61,6 +61,12 @@ var loopTick = 10 * time.Millisecond // a var: a test puts it out of reach
 // with 256 KiB the loop reads it in 3.5 reads a request instead of 6.4.
 const loopReadBuffer = 256 << 10
 
+// loopPendMin is the length from which a storage command (line, value and
+// CRLF) whose value has not all come in one read gathers in a chunk of its
+// own, which the rest is read straight into (loopClient.pend), rather than
+// in gnet's buffer, from which it would be copied twice more.
+const loopPendMin = 64 << 10
+
 // loopMaxSlots is how many replies one client may owe before the loop
 // stops reading its requests until some are written.
 const loopMaxSlots = 256
@@ -169,6 +175,13 @@ type loopClient struct {
 	// or 0. gnet gathers a long value from many reads, and parsing it
 	// after each would copy all of it that came so far each time.
 	want int
+	// pend, over plain TCP, is instead the first request buffered when
+	// it is a storage command of at least loopPendMin bytes whose value
+	// is still arriving: the bytes come so far, in pendSh's chunk, with
+	// the request's length for capacity. The rest is read straight into
+	// it (ReadInto), and the request handled from it once whole.
+	pend   []byte
+	pendSh *loopShare
 	// counted: the socket counts the bytes it was given (sockio.Written),
 	// so the connection can move while gnet holds some (TCP on Linux).
 	counted bool
@@ -714,11 +727,20 @@ func (l *eventLoops) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 // and copied from there. Not over TLS, whose records are read whole, nor
 // while gnet holds bytes of a reply, which come first.
 func (l *eventLoops) ReadInto(gc gnet.Conn) []byte {
-	u, ok := gc.Context().(*loopUpstream)
-	if !ok || u.gc != gc || u.tls != nil || gc.InboundBuffered() > 0 {
+	if gc.InboundBuffered() > 0 {
 		return nil
 	}
-	return u.room()
+	switch x := gc.Context().(type) {
+	case *loopUpstream:
+		if x.gc == gc && x.tls == nil {
+			return x.room()
+		}
+	case *loopClient:
+		if x.gc == gc && x.pend != nil {
+			return x.pend[len(x.pend):cap(x.pend)] // no further than its end
+		}
+	}
+	return nil
 }
 
 func (l *eventLoops) OnTraffic(gc gnet.Conn) gnet.Action {
@@ -965,7 +987,7 @@ func (lc *loopClient) buffered() int {
 	if lc.tls != nil {
 		return len(lc.tls.plain)
 	}
-	return lc.gc.InboundBuffered()
+	return len(lc.pend) + lc.gc.InboundBuffered()
 }
 
 // process answers the whole requests buffered, until it meets one it
@@ -983,9 +1005,13 @@ func (lc *loopClient) process() {
 	}
 	lc.want = 0
 	lc.inProcess = true
+	first := len(lc.slots) // the replies to this read
+	if lc.pend != nil && !lc.gather() {
+		lc.inProcess = false
+		return
+	}
 	data := unhandled(lc.gc, lc.tls)
 	off := 0
-	first := len(lc.slots) // the replies to this read
 	for off < len(data) && len(lc.slots) < loopMaxSlots {
 		n, ok := lc.request(data[off:])
 		if !ok {
@@ -1006,12 +1032,50 @@ func (lc *loopClient) process() {
 	}
 	if off > 0 {
 		handle(lc.gc, lc.tls, off)
-		lc.last = lc.ls.now
+		if off > len(lc.pend) { // not only the start of a request
+			lc.last = lc.ls.now
+		}
 	}
 	lc.inProcess = false
 	if len(lc.slots) > 0 && lc.slots[0].pending == 0 {
 		lc.written() // replies made here: version, a request to an ejected server
 	}
+}
+
+// gather moves what gnet read to pend, without a copy when it was read
+// straight into place, and once pend holds the whole request, handles it.
+// It reports whether it did. A request that cannot be handled on the loop
+// stays in pend, which closed hands over with the bytes after it.
+func (lc *loopClient) gather() bool {
+	data := unhandled(lc.gc, nil)
+	n := min(len(data), cap(lc.pend)-len(lc.pend))
+	if n > 0 {
+		if tail := lc.pend[len(lc.pend) : len(lc.pend)+1]; &data[0] == &tail[0] {
+			lc.pend = lc.pend[:len(lc.pend)+n]
+			lc.c.p.stats.readsInPlace.Add(1)
+		} else {
+			lc.pend = append(lc.pend, data[:n]...)
+		}
+		handle(lc.gc, nil, n)
+	}
+	if len(lc.pend) < cap(lc.pend) {
+		return false
+	}
+	if n, ok := lc.request(lc.pend); !ok || n != len(lc.pend) {
+		lc.handoff = true
+		return false
+	}
+	lc.dropPend()
+	lc.last = lc.ls.now
+	return true
+}
+
+// dropPend gives back pend's chunk.
+func (lc *loopClient) dropPend() {
+	if lc.pendSh != nil {
+		lc.ls.release(lc.pendSh)
+	}
+	lc.pend, lc.pendSh = nil, nil
 }
 
 // request answers the request at the start of data, or leaves it: it
@@ -1243,6 +1307,13 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 	}
 	total := lineLen + a.vlen + 2
 	if len(data) < total {
+		if lc.tls == nil && total >= loopPendMin && lc.pend == nil {
+			// All of data is the request's: it goes to a chunk of its
+			// own, and the rest of it is read there.
+			lc.pendSh = lc.ls.chunk(total)
+			lc.pend = append(lc.pendSh.buf[:0:total], data...)
+			return len(data), true
+		}
 		lc.want = total // from where this request begins, the first once process hands what came before
 		return 0, true
 	}
@@ -2549,6 +2620,7 @@ func (r *replyScan) feed(data []byte, req *loopReq) (took int, whole, bad bool) 
 func (lc *loopClient) closed(err error) {
 	c := lc.c
 	delete(lc.ls.clients, lc)
+	defer lc.dropPend() // once its bytes are handed over
 	gc := lc.gc
 	kept := lc.kept
 	lc.kept = nil
@@ -2582,7 +2654,8 @@ func (lc *loopClient) closed(err error) {
 			return
 		}
 	}
-	prefix := append([]byte(nil), unhandled(gc, lc.tls)...)
+	// The bytes of a request begun in pend come first.
+	prefix := append(append([]byte(nil), lc.pend...), unhandled(gc, lc.tls)...)
 	fd, derr := gc.Dup()
 	if derr != nil {
 		end()
