@@ -62,9 +62,11 @@ var loopTick = 10 * time.Millisecond // a var: a test puts it out of reach
 const loopReadBuffer = 256 << 10
 
 // loopPendMin is the length from which a storage command (line, value and
-// CRLF) whose value has not all come in one read gathers in a chunk of its
+// CRLF) whose value has not all come in one read gathers in a buffer of its
 // own, which the rest is read straight into (loopClient.pend), rather than
-// in gnet's buffer, from which it would be copied twice more.
+// in gnet's buffer, from which it would be copied twice more. It does once
+// half of it has come: memory follows what arrives, not what a request
+// says will (a buffer for a request of n bytes holds up to 2n).
 const loopPendMin = 64 << 10
 
 // loopMaxSlots is how many replies one client may owe before the loop
@@ -177,9 +179,11 @@ type loopClient struct {
 	want int
 	// pend, over plain TCP, is instead the first request buffered when
 	// it is a storage command of at least loopPendMin bytes whose value
-	// is still arriving: the bytes come so far, in pendSh's chunk, with
-	// the request's length for capacity. The rest is read straight into
-	// it (ReadInto), and the request handled from it once whole.
+	// is still arriving and half of which has come: the bytes come so
+	// far, with the request's length for capacity, in pendSh's chunk or,
+	// under a chunk's size, an array of their own. The rest is read
+	// straight into it (ReadInto), and the request handled from it once
+	// whole.
 	pend   []byte
 	pendSh *loopShare
 	// counted: the socket counts the bytes it was given (sockio.Written),
@@ -1000,13 +1004,13 @@ func (lc *loopClient) process() {
 		lc.hold()
 		return
 	}
-	if lc.want > 0 && lc.buffered() < lc.want {
+	if n := lc.buffered(); lc.want > 0 && n < lc.want && !lc.pendable(lc.want, n) {
 		return
 	}
 	lc.want = 0
 	lc.inProcess = true
 	first := len(lc.slots) // the replies to this read
-	if lc.pend != nil && !lc.gather() {
+	if lc.pend != nil && (len(lc.slots) >= loopMaxSlots || !lc.gather()) {
 		lc.inProcess = false
 		return
 	}
@@ -1068,6 +1072,12 @@ func (lc *loopClient) gather() bool {
 	lc.dropPend()
 	lc.last = lc.ls.now
 	return true
+}
+
+// pendable reports whether a storage command of total bytes, got of
+// which have come, goes on in pend.
+func (lc *loopClient) pendable(total, got int) bool {
+	return lc.tls == nil && total >= loopPendMin && 2*got >= total
 }
 
 // dropPend gives back pend's chunk.
@@ -1307,11 +1317,17 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 	}
 	total := lineLen + a.vlen + 2
 	if len(data) < total {
-		if lc.tls == nil && total >= loopPendMin && lc.pend == nil {
-			// All of data is the request's: it goes to a chunk of its
+		if lc.pendable(total, len(data)) {
+			// All of data is the request's: it goes to a buffer of its
 			// own, and the rest of it is read there.
-			lc.pendSh = lc.ls.chunk(total)
-			lc.pend = append(lc.pendSh.buf[:0:total], data...)
+			var buf []byte
+			if total >= loopChunk {
+				lc.pendSh = lc.ls.chunk(total)
+				buf = lc.pendSh.buf
+			} else {
+				buf = make([]byte, 0, total)
+			}
+			lc.pend = append(buf[:0:total], data...)
 			return len(data), true
 		}
 		lc.want = total // from where this request begins, the first once process hands what came before
@@ -1964,7 +1980,7 @@ func (u *loopUpstream) dropChunk() {
 		u.ls.release(u.chunk)
 		u.chunk = nil
 	}
-	u.scan = replyScan{}
+	u.scan = replyScan{vals: u.scan.spare()}
 }
 
 // room returns where the connection's next read goes: the rest of its
@@ -2485,8 +2501,8 @@ type replyScan struct {
 	need int // bytes of a value still to come, with their CRLF
 	mg   int // replies to mg lines read whole
 	// vals are the VALUE lines of a retrieval's reply read so far. The
-	// array serves the next reply once next is called: what the last one
-	// held stays valid until the next feed.
+	// array serves the next reply (see spare): what the last one held
+	// stays valid until the next feed.
 	vals []valueAt
 }
 
@@ -2517,7 +2533,20 @@ func (v *valueAt) block(reply []byte) []byte {
 
 // next starts the next reply where the one read ends.
 func (r *replyScan) next() {
-	*r = replyScan{acc: r.acc[len(r.acc):], vals: r.vals[:0]}
+	*r = replyScan{acc: r.acc[len(r.acc):], vals: r.spare()}
+}
+
+// loopValsKeep is the most VALUE lines whose array a scan keeps for the
+// next reply.
+const loopValsKeep = 1024
+
+// spare returns vals emptied, for the next reply, unless it grew past
+// loopValsKeep.
+func (r *replyScan) spare() []valueAt {
+	if cap(r.vals) > loopValsKeep {
+		return nil
+	}
+	return r.vals[:0]
 }
 
 // loopDirectMin is the least of a value still to come that the loop reads

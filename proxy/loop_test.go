@@ -1809,11 +1809,66 @@ func TestEventLoopLongValueInPiecesIsParsedOnce(t *testing.T) {
 	if p.stats.readsInPlace.Load() == 0 {
 		t.Fatal("no read of the value went straight into place")
 	}
-	if n := after.TotalAlloc - before.TotalAlloc; n > 6<<20 {
+	if n := after.TotalAlloc - before.TotalAlloc; n > 12<<20 {
 		t.Fatalf("a set of %d bytes sent in %d-byte pieces allocated %d bytes", len(value), piece, n)
 	}
 	want := fmt.Sprintf("VALUE long 0 %d\r\n%s\r\nEND\r\n", len(value), value)
 	if got := c.do("get long\r\n"); got != want {
 		t.Fatalf("get long answered %d bytes, not the %d set", len(got), len(want))
+	}
+}
+
+// TestEventLoopLongValueReservesWhatArrives has clients begin sets of
+// long values and stop: memory for a value follows what has come of it,
+// not what its command says will. A buffer of the request's size is taken
+// only once half of it has come.
+func TestEventLoopLongValueReservesWhatArrives(t *testing.T) {
+	p, addr := startProxy(t, loopConfig(startMemcached(t)))
+	const conns, size = 20, 300000
+	value := strings.Repeat("v", size)
+	var cs []net.Conn
+	sent := 0
+	for i := range conns {
+		c := dial(t, addr)
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		n, _ := fmt.Fprintf(c, "set k%d 0 0 %d\r\n%s", i, size, value[:1000])
+		sent += n
+		cs = append(cs, c)
+	}
+	// reserved sums, over the clients, the buffers their requests are
+	// gathered in of their own, and got the bytes they sent.
+	reserved := func() (reserved, got int) {
+		onLoop(t, p, func(lc *loopClient) bool {
+			reserved += cap(lc.pend)
+			got += lc.buffered()
+			return false
+		})
+		return reserved, got
+	}
+	if !waitFor(5*time.Second, func() bool { _, got := reserved(); return got == sent }) {
+		t.Fatal("the loop did not read what was sent")
+	}
+	if r, got := reserved(); r > 0 {
+		t.Fatalf("%d bytes reserved for %d come", r, got)
+	}
+	for _, c := range cs {
+		n, _ := io.WriteString(c, value[1000:size*3/4])
+		sent += n
+	}
+	if !waitFor(5*time.Second, func() bool { _, got := reserved(); return got == sent }) {
+		t.Fatal("the loop did not read what was sent")
+	}
+	if r, got := reserved(); r == 0 || r > 2*got {
+		t.Fatalf("%d bytes reserved for %d come", r, got)
+	}
+	for i, c := range cs {
+		io.WriteString(c, value[size*3/4:]+"\r\n")
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if line != "STORED\r\n" {
+			t.Fatalf("set %d answered %q (%v)", i, line, err)
+		}
+	}
+	if r, _ := reserved(); r > 0 {
+		t.Fatalf("%d bytes still reserved once every set was answered", r)
 	}
 }
