@@ -1004,10 +1004,12 @@ func (lc *loopClient) process() {
 		lc.hold()
 		return
 	}
-	if n := lc.buffered(); lc.want > 0 && n < lc.want && !lc.pendable(lc.want, n) {
-		return
+	if lc.want > 0 {
+		if n := lc.buffered(); n < lc.want && !lc.pendable(lc.want, n) {
+			return
+		}
+		lc.want = 0
 	}
-	lc.want = 0
 	lc.inProcess = true
 	first := len(lc.slots) // the replies to this read
 	if lc.pend != nil && (len(lc.slots) >= loopMaxSlots || !lc.gather()) {
@@ -2031,8 +2033,7 @@ func (ls *loopState) answerJoined(group []*loopReq, sh *loopShare, reply []byte,
 		n := r.slot.match(r, reply, vals)
 		end := start
 		if n > 0 {
-			v := &vals[n-1]
-			end = v.at + v.line + v.size + 2
+			end = vals[n-1].end()
 		}
 		r.share, r.buf = sh, reply[start:end:end]
 		start, vals = end, vals[n:]
@@ -2524,10 +2525,13 @@ func (v *valueAt) keyIn(reply []byte) []byte {
 	return reply[v.at+len(replyValue) : v.at+len(replyValue)+v.key]
 }
 
-// block returns the line's VALUE block in reply: the line, the value and
-// its CRLF.
+// end returns where the line's VALUE block (the line, the value and its
+// CRLF) ends in the reply.
+func (v *valueAt) end() int { return v.at + v.line + v.size + 2 }
+
+// block returns the line's VALUE block in reply.
 func (v *valueAt) block(reply []byte) []byte {
-	end := v.at + v.line + v.size + 2
+	end := v.end()
 	return reply[v.at:end:end]
 }
 
