@@ -41,6 +41,10 @@ type conn struct {
 	// buffer, for putting it back while its data block arrives.
 	lineStart int
 	busy      atomic.Bool // handling a request, not waiting for one
+	// inBlock: waiting for the rest of a data block whose command line
+	// came. A shutdown lets it come (the request is in flight); the
+	// grace period bounds the wait.
+	inBlock atomic.Bool
 	// id numbers the connection for "stats conns"; accepted and lastCmd
 	// are when it was accepted and began its last command (Unix ns).
 	id       uint64
@@ -257,6 +261,7 @@ func (c *conn) serveReady(rc syscall.RawConn) error {
 		case lingered:
 			c.nc.SetReadDeadline(c.idleBy)
 		}
+		c.inBlock.Store(c.rd.want > 0) // before busy: see wakeIfIdle
 		c.busy.Store(false)
 		return false
 	}
@@ -339,6 +344,7 @@ func (c *conn) serveBlocking() error {
 			return err
 		}
 		c.park()
+		c.inBlock.Store(c.rd.want > 0)
 		c.busy.Store(false)
 		c.spareLate(&spared)
 		err = c.rd.fill()
@@ -503,11 +509,13 @@ func (c *conn) putWriter() {
 }
 
 // wakeIfIdle ends the blocked read of a connection waiting for a request,
-// so that it sees the shutdown.
+// so that it sees the shutdown. One waiting for the rest of a data block
+// reads on: inBlock is stored before busy falls, so a connection seen not
+// busy is seen in its block too.
 func (c *conn) wakeIfIdle(now time.Time) {
 	c.wakeMu.Lock()
 	defer c.wakeMu.Unlock()
-	if !c.busy.Load() {
+	if !c.busy.Load() && !c.inBlock.Load() {
 		c.nc.SetReadDeadline(now)
 	}
 }

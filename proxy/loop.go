@@ -829,7 +829,17 @@ func (lc *loopClient) resume() {
 	if len(lc.slots) > 0 {
 		lc.written() // and the requests held back with them
 	} else {
-		lc.process()
+		lc.processHeld()
+	}
+}
+
+// processHeld runs process outside traffic, for requests held back, and
+// keeps unread in step: the bytes it handled were counted as read when
+// they came, and those after them must be counted when more come.
+func (lc *loopClient) processHeld() {
+	lc.process()
+	if lc.gc != nil {
+		lc.unread = lc.buffered()
 	}
 }
 
@@ -889,7 +899,9 @@ func (ls *loopState) check() {
 			lc.resume()
 		case len(lc.slots) > 0:
 		case p.draining():
-			if lc.gc.OutboundBuffered() == 0 { // else gnet would drop the rest
+			// Not before gnet wrote all (it would drop the rest), nor
+			// while a value is arriving: that request is in flight.
+			if lc.gc.OutboundBuffered() == 0 && !lc.inBlock() {
 				lc.closing = true
 				ls.el.Close(lc.gc)
 			}
@@ -942,7 +954,7 @@ func (lc *loopClient) traffic() gnet.Action {
 		lc.handoff = true
 		return gnet.Close
 	}
-	if len(lc.slots) == 0 && (lc.handoff && lc.movable() || lc.c.p.draining() && lc.gc.OutboundBuffered() == 0) {
+	if len(lc.slots) == 0 && (lc.handoff && lc.movable() || lc.c.p.draining() && lc.gc.OutboundBuffered() == 0 && !lc.inBlock()) {
 		return gnet.Close // what written leaves to this callback's return
 	}
 	return gnet.None
@@ -985,6 +997,11 @@ func handle(gc gnet.Conn, t *loopTLS, n int) {
 		gc.Discard(n)
 	}
 }
+
+// inBlock reports whether the first request buffered is a storage
+// command whose value is still arriving (see want and pend). A shutdown
+// lets it come, as on the goroutine path.
+func (lc *loopClient) inBlock() bool { return lc.want > 0 || lc.pend != nil }
 
 // buffered is how many request bytes arrived and are not handled yet.
 func (lc *loopClient) buffered() int {
@@ -2489,7 +2506,7 @@ func (lc *loopClient) written() {
 		return
 	}
 	if lc.buffered() > 0 {
-		lc.process() // requests held back while too many replies were owed
+		lc.processHeld() // requests held back while too many replies were owed
 	}
 }
 

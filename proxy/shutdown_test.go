@@ -325,3 +325,59 @@ func TestDrainAnswersRequestsAlreadyRead(t *testing.T) {
 		})
 	}
 }
+
+// TestDrainLetsAValueInFlightArrive starts a shutdown while a set's value
+// is arriving, on both paths, short and long (on the loop a long one is
+// gathered in a buffer of its own): the request is in flight, so the rest
+// of the value is read, the set answered and stored, and only then is the
+// connection closed.
+func TestDrainLetsAValueInFlightArrive(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		loops, size int
+	}{
+		{"goroutines, short", 0, 1000},
+		{"goroutines, long", 0, 300 << 10},
+		{"loop, short", 1, 1000},
+		{"loop, long", 1, 300 << 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mc := startMemcached(t)
+			cfg := testConfig(mc)
+			cfg.EventLoops = tc.loops
+			p, addr, _ := serveProxy(t, cfg)
+			c := dial(t, addr)
+			value := strings.Repeat("d", tc.size)
+			head := "set drain 0 0 " + itoa(tc.size) + "\r\n"
+			cut := len(head) + tc.size*3/4 // past half: the loop gathers a long one apart
+			req := head + value + "\r\n"
+			if _, err := io.WriteString(c, req[:cut]); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond) // the proxy reads what came
+
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			shut := shutdownAsync(ctx, p)
+			// Longer than the drain takes to close a connection that
+			// waits for a request (a few ms).
+			time.Sleep(150 * time.Millisecond)
+			if _, err := io.WriteString(c, req[cut:]); err != nil {
+				t.Fatalf("the rest of the value: %v", err)
+			}
+			got, closed := readUntilClosed(c, 5*time.Second)
+			if got != "STORED\r\n" || !closed {
+				t.Errorf("after the rest of the value the client read %q, closed %v; want STORED and a close", got, closed)
+			}
+			if err := <-shut; err != nil {
+				t.Errorf("Shutdown: %v", err)
+			}
+			want := "VALUE drain 0 " + itoa(tc.size) + "\r\n" + value + "\r\nEND\r\n"
+			direct := newLineClient(t, mc)
+			defer direct.c.Close()
+			if got := direct.do("get drain\r\n"); got != want {
+				t.Errorf("memcached holds %.60q, want %.60q", got, want)
+			}
+		})
+	}
+}
