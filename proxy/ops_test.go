@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -441,5 +442,127 @@ func TestEnvelopedBytesAreCountedAsClientsSeeThemAndAsMemcachedHoldsThem(t *test
 	}
 	if stored <= 0 || stored >= n/2 || readStored != 2*stored {
 		t.Errorf("stored bytes: written %v, read %v; want under half of %v, and read twice what was written", stored, readStored, n)
+	}
+}
+
+// TestStatsCountAlikeOnBothPaths runs one mix of requests on the goroutine
+// path and on the event loop, each proxy in front of a memcached of its
+// own, and compares the counters "stats" answers afterwards: both paths
+// send the same replies to the same requests, so every count of
+// commands, outcomes and bytes must be the same. The mix has hits and
+// misses of every counted command, noreply, errors, a rewritten key,
+// enveloped values, pipelined bursts of requests more than the loop lets
+// wait and of replies more than it writes ahead, and commands the loop
+// hands to the goroutine path.
+func TestStatsCountAlikeOnBothPaths(t *testing.T) {
+	if loopSuite {
+		t.Skip("the loop suite serves the goroutine path's proxy on a loop too")
+	}
+	long := "S:" + testTenant("a", 240) + ":" + testBlock + ":1"
+	postings := "P:" + testTenant("b", 20) + ":" + testBlock + ":" + testHash43 + ":" + testHash43
+	value := strings.Repeat("0123456789", 30)
+	// Each step is sent in one write; its replies are read before the next.
+	type step struct {
+		req     string
+		replies int
+	}
+	big := strings.Repeat("b", 100_000)
+	var burstGets, burstSets strings.Builder
+	for i := range 600 {
+		burstGets.WriteString("get k" + itoa(i%7) + "\r\n")
+	}
+	for range 300 {
+		burstGets.WriteString("get big\r\n") // 30 MB: the client is slower to read than the loop to answer
+	}
+	for i := range 300 {
+		burstSets.WriteString("set b" + itoa(i) + " 0 0 " + itoa(len(value)) + "\r\n" + value + "\r\n")
+	}
+	steps := []step{
+		{"set k1 5 0 3\r\nabc\r\n", 1},
+		{"get k1\r\n", 1},
+		{"get nope\r\n", 1},
+		{"gets k1 nope k1 k2\r\n", 1},
+		{"add k1 0 0 1\r\nx\r\n", 1},
+		{"add k2 0 0 2\r\n10\r\n", 1},
+		{"replace k3 0 0 1\r\nx\r\n", 1},
+		{"append k1 0 0 2\r\nde\r\n", 1},
+		{"prepend k1 0 0 2\r\nzz\r\n", 1},
+		{"cas k1 0 0 1 1\r\nx\r\n", 1},
+		{"cas nope 0 0 1 1\r\nx\r\n", 1},
+		{"incr k2 5\r\n", 1},
+		{"decr k2 3\r\n", 1},
+		{"incr nope 1\r\n", 1},
+		{"decr nope 1\r\n", 1},
+		{"touch k1 100\r\n", 1},
+		{"touch nope 100\r\n", 1},
+		{"delete k3\r\n", 1},
+		{"set k3 0 0 1 noreply\r\nq\r\ndelete k3 noreply\r\nget k3\r\n", 1},
+		{"delete k3\r\n", 1},
+		{"set " + long + " 0 0 " + itoa(len(value)) + "\r\n" + value + "\r\n", 1},
+		{"get " + long + "\r\n", 1},
+		{"set " + postings + " 0 0 " + itoa(len(value)) + "\r\n" + value + "\r\n", 1},
+		{"get " + postings + " " + long + " nope\r\n", 1},
+		{"get " + strings.Repeat("k", 2001) + "\r\n", 1},
+		{"bogus\r\n", 1},
+		{"set k4 0 0 z\r\n", 1},
+		{"set big 0 0 " + itoa(len(big)) + "\r\n" + big + "\r\n", 1},
+		{burstGets.String(), 900},
+		{burstSets.String(), 300},
+		{"gat 100 k1 nope\r\n", 1},
+		{"mg k1 v\r\n", 1},
+		{"version\r\n", 1},
+		{"get k1 k2\r\n", 1},
+	}
+	run := func(loops int) (map[string]string, []string) {
+		cfg := keyspaceConfig(startMemcached(t))
+		cfg.EventLoops = loops
+		_, addr := startProxy(t, cfg)
+		c := newLineClient(t, addr)
+		var replies []string
+		for _, s := range steps {
+			c.c.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.WriteString(c.c, s.req); err != nil {
+				t.Fatalf("sending %q: %v", short(s.req), err)
+			}
+			var all strings.Builder
+			for range s.replies {
+				r, err := readReply(c.br)
+				if err != nil {
+					t.Fatalf("reply to %q: %q (%v)", short(s.req), r, err)
+				}
+				all.WriteString(r)
+			}
+			replies = append(replies, all.String())
+		}
+		c.c.Close()
+		return statsOf(t, newLineClient(t, addr)), replies
+	}
+	gs, gr := run(0)
+	ls, lr := run(1)
+	for i := range steps {
+		if gr[i] != lr[i] {
+			t.Errorf("%q: the goroutine path answered %q, the loop %q", short(steps[i].req), short(gr[i]), short(lr[i]))
+		}
+	}
+	counters := []string{
+		"total_connections", "cmd_get", "cmd_set", "cmd_touch", "get_hits", "get_misses",
+		"delete_misses", "delete_hits", "incr_misses", "incr_hits", "decr_misses", "decr_hits",
+		"cas_misses", "cas_hits", "cas_badval", "touch_hits", "touch_misses", "bytes_read", "bytes_written",
+		"codec_written_logical_bytes", "codec_written_stored_bytes", "key_rewrites", "key_rejected_too_long",
+	}
+	for _, name := range counters {
+		if gs[name] == "" || gs[name] != ls[name] {
+			t.Errorf("STAT %s: goroutine path %q, loop %q", name, gs[name], ls[name])
+		}
+	}
+	sent := len("stats\r\n")
+	for _, s := range steps {
+		sent += len(s.req)
+	}
+	if gs["bytes_read"] != itoa(sent) {
+		t.Errorf("STAT bytes_read %s, the clients sent %d", gs["bytes_read"], sent)
+	}
+	if gs["get_hits"] == "0" || gs["cas_badval"] == "0" || gs["key_rewrites"] == "0" {
+		t.Errorf("the mix did not reach the counters: get_hits %s, cas_badval %s, key_rewrites %s", gs["get_hits"], gs["cas_badval"], gs["key_rewrites"])
 	}
 }
