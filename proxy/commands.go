@@ -93,16 +93,20 @@ func numbered(t [numCommands]command) [numCommands]command {
 }
 
 // byVerb finds a command by its verb. "bget" is memcached's ancient alias
-// of get, still accepted; "unknown" is not a verb.
-var byVerb = func() map[string]*command {
-	m := map[string]*command{"bget": &commands[cmdGet]}
-	for i := range commands {
-		if i != cmdUnknown {
-			m[commands[i].name] = &commands[i]
+// of get, still accepted; "unknown" is not a verb. It scans the table in
+// its order, where get and set come early: for verbs this short that
+// costs less than hashing one for a map.
+func byVerb(v []byte) *command {
+	for i := range commands[:cmdUnknown] {
+		if string(v) == commands[i].name {
+			return &commands[i]
 		}
 	}
-	return m
-}()
+	if string(v) == "bget" {
+		return &commands[cmdGet]
+	}
+	return nil
+}
 
 // verdict is what parsing decided about a line before any handler runs.
 type verdict uint8
@@ -127,7 +131,7 @@ func parseLine(dst [][]byte, line []byte) (*command, [][]byte, verdict) {
 	if len(words) == 0 || len(words[0]) < 2 {
 		return nil, words, verdictUnknown
 	}
-	cmd := byVerb[string(words[0])]
+	cmd := byVerb(words[0])
 	if cmd == nil {
 		// memcached hangs up on what looks like an HTTP request, but only
 		// when its verb dispatch found no family for the first letter.
