@@ -1075,7 +1075,7 @@ func (lc *loopClient) gather() bool {
 	if n > 0 {
 		if tail := lc.pend[len(lc.pend) : len(lc.pend)+1]; &data[0] == &tail[0] {
 			lc.pend = lc.pend[:len(lc.pend)+n]
-			lc.c.p.stats.readsInPlace.Add(1)
+			lc.c.p.stats.clientReadsInPlace.Add(1)
 		} else {
 			lc.pend = append(lc.pend, data[:n]...)
 		}
@@ -2028,7 +2028,7 @@ func (u *loopUpstream) room() []byte {
 	if n == 0 {
 		return acc[len(acc):cap(acc)]
 	}
-	u.ls.l.p.stats.readsInPlace.Add(1)
+	u.ls.l.p.stats.upstreamReadsInPlace.Add(1)
 	return acc[len(acc) : len(acc)+n]
 }
 

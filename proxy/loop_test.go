@@ -841,7 +841,7 @@ func TestEventLoopLongRepliesInOrder(t *testing.T) {
 	want := setBig(t, addr, 900<<10)
 	// Most of a 900 KB value's rest is read straight into place.
 	defer func() {
-		if p.stats.readsInPlace.Load() == 0 {
+		if p.stats.upstreamReadsInPlace.Load() == 0 {
 			t.Error("no value was read straight into place")
 		}
 	}()
@@ -1501,7 +1501,7 @@ func TestEventLoopLongValuesFromATricklingServer(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if p.stats.readsInPlace.Load() == 0 {
+	if p.stats.upstreamReadsInPlace.Load() == 0 {
 		t.Error("no value was read straight into place")
 	}
 }
@@ -1530,7 +1530,7 @@ func TestEventLoopValueLongerThanMemcachedHolds(t *testing.T) {
 			if _, err := io.ReadFull(c, got); err != nil || string(got) != "END\r\n" {
 				t.Fatalf("get k answered %q (%v), want a miss", got, err)
 			}
-			if n := p.stats.readsInPlace.Load(); n != 0 {
+			if n := p.stats.upstreamReadsInPlace.Load(); n != 0 {
 				t.Fatalf("%d reads made room for the value", n)
 			}
 		})
@@ -1813,7 +1813,7 @@ func TestEventLoopLongValueInPiecesIsParsedOnce(t *testing.T) {
 		t.Fatalf("set answered %q", got)
 	}
 	runtime.ReadMemStats(&after)
-	if p.stats.readsInPlace.Load() == 0 {
+	if p.stats.clientReadsInPlace.Load() == 0 {
 		t.Fatal("no read of the value went straight into place")
 	}
 	if n := after.TotalAlloc - before.TotalAlloc; n > 12<<20 {

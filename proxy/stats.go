@@ -33,7 +33,8 @@ type stats struct {
 	upstreamErrors           atomic.Uint64
 	upstreamGets             atomic.Uint64 // get requests sent upstream
 	upstreamGetKeys          atomic.Uint64 // keys in them
-	readsInPlace             atomic.Uint64 // reads of a long value's rest straight into its buffer (loop): from memcached, or from a client that sets it
+	upstreamReadsInPlace     atomic.Uint64 // reads of a long reply's rest straight into its buffer (loop)
+	clientReadsInPlace       atomic.Uint64 // reads of a long set's rest straight into its buffer (loop)
 	connsIdleClosed          atomic.Uint64 // closed by --idle-timeout
 	connsHandedOver          atomic.Uint64 // moved from an event loop to the goroutine path
 	requests                 [numCommands][numOutcomes]atomic.Uint64
