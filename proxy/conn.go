@@ -270,8 +270,8 @@ func (c *conn) serveReady(rc syscall.RawConn) error {
 		if done {
 			return result
 		}
-		if c.p.draining() {
-			return nil
+		if c.p.draining() && !(lingering && c.rd.want > 0 && errors.Is(err, os.ErrDeadlineExceeded)) {
+			return nil // but a data block arriving reads on: its request is in flight
 		}
 		if lingering && errors.Is(err, os.ErrDeadlineExceeded) && (c.idleBy.IsZero() || time.Now().Before(c.idleBy)) {
 			// Nothing came for a while: read once, for the end of

@@ -898,10 +898,11 @@ func (ls *loopState) check() {
 		case lc.held:
 			lc.resume()
 		case len(lc.slots) > 0:
-		case p.draining():
-			// Not before gnet wrote all (it would drop the rest), nor
-			// while a value is arriving: that request is in flight.
-			if lc.gc.OutboundBuffered() == 0 && !lc.inBlock() {
+		case p.draining() && !lc.inBlock():
+			// Not while a value is arriving: that request is in flight
+			// (only the idle clock ends it, as on the goroutine path).
+			// Nor before gnet wrote all: it would drop the rest.
+			if lc.gc.OutboundBuffered() == 0 {
 				lc.closing = true
 				ls.el.Close(lc.gc)
 			}

@@ -516,7 +516,7 @@ func TestStatsCountAlikeOnBothPaths(t *testing.T) {
 	run := func(loops int) (map[string]string, []string) {
 		cfg := keyspaceConfig(startMemcached(t))
 		cfg.EventLoops = loops
-		_, addr := startProxy(t, cfg)
+		p, addr := startProxy(t, cfg)
 		c := newLineClient(t, addr)
 		var replies []string
 		for _, s := range steps {
@@ -535,6 +535,14 @@ func TestStatsCountAlikeOnBothPaths(t *testing.T) {
 			replies = append(replies, all.String())
 		}
 		c.c.Close()
+		// A reply's bytes are counted once it is written, which may be
+		// after the client read it: wait for the connection to end.
+		for deadline := time.Now().Add(5 * time.Second); p.stats.currConns.Load() > 0; {
+			if time.Now().After(deadline) {
+				t.Fatal("the client's connection is still open 5s after it closed")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 		return statsOf(t, newLineClient(t, addr)), replies
 	}
 	gs, gr := run(0)

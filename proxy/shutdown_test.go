@@ -328,9 +328,10 @@ func TestDrainAnswersRequestsAlreadyRead(t *testing.T) {
 
 // TestDrainLetsAValueInFlightArrive starts a shutdown while a set's value
 // is arriving, on both paths, short and long (on the loop a long one is
-// gathered in a buffer of its own): the request is in flight, so the rest
-// of the value is read, the set answered and stored, and only then is the
-// connection closed.
+// gathered in a buffer of its own), and sends the rest in two parts with a
+// pause between: the request is in flight, so the rest of the value is
+// read, the set answered and stored, and only then is the connection
+// closed.
 func TestDrainLetsAValueInFlightArrive(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
@@ -362,7 +363,14 @@ func TestDrainLetsAValueInFlightArrive(t *testing.T) {
 			// Longer than the drain takes to close a connection that
 			// waits for a request (a few ms).
 			time.Sleep(150 * time.Millisecond)
-			if _, err := io.WriteString(c, req[cut:]); err != nil {
+			// More of it, then a pause longer than the goroutine path
+			// lingers after a read that did not fill its buffer.
+			more := cut + (len(req)-cut)/2
+			if _, err := io.WriteString(c, req[cut:more]); err != nil {
+				t.Fatalf("more of the value: %v", err)
+			}
+			time.Sleep(100 * time.Millisecond)
+			if _, err := io.WriteString(c, req[more:]); err != nil {
 				t.Fatalf("the rest of the value: %v", err)
 			}
 			got, closed := readUntilClosed(c, 5*time.Second)
