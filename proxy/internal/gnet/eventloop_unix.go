@@ -269,7 +269,7 @@ loop:
 			buf = b
 		}
 	}
-	n, err := readSocket(c.fd, buf) // mcsidecar: see read_raw_linux.go
+	n, err := unix.Read(c.fd, buf)
 	if err != nil || n == 0 {
 		if err == unix.EAGAIN {
 			return nil
