@@ -261,8 +261,7 @@ func (c *conn) serveReady(rc syscall.RawConn) error {
 		case lingered:
 			c.nc.SetReadDeadline(c.idleBy)
 		}
-		c.inBlock.Store(c.rd.want > 0) // before busy: see wakeIfIdle
-		c.busy.Store(false)
+		c.waiting()
 		return false
 	}
 	for {
@@ -344,8 +343,7 @@ func (c *conn) serveBlocking() error {
 			return err
 		}
 		c.park()
-		c.inBlock.Store(c.rd.want > 0)
-		c.busy.Store(false)
+		c.waiting()
 		c.spareLate(&spared)
 		err = c.rd.fill()
 		c.markBusy()
@@ -508,10 +506,17 @@ func (c *conn) putWriter() {
 	}
 }
 
+// waiting marks the connection as waiting for its client, for a request or
+// for the rest of a data block (inBlock). inBlock is stored first, so that
+// wakeIfIdle, seeing the connection not busy, sees which.
+func (c *conn) waiting() {
+	c.inBlock.Store(c.rd.want > 0)
+	c.busy.Store(false)
+}
+
 // wakeIfIdle ends the blocked read of a connection waiting for a request,
 // so that it sees the shutdown. One waiting for the rest of a data block
-// reads on: inBlock is stored before busy falls, so a connection seen not
-// busy is seen in its block too.
+// reads on (see waiting).
 func (c *conn) wakeIfIdle(now time.Time) {
 	c.wakeMu.Lock()
 	defer c.wakeMu.Unlock()
