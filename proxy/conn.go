@@ -129,6 +129,9 @@ type keyOwner struct {
 	// refused: the item was a hit upstream that the client gets as a miss
 	// (an envelope refused, a plain item under a rewritten key).
 	refused bool
+	// repeat: the key was named earlier in the retrieval, whose answer
+	// this one shares.
+	repeat bool
 }
 
 func newConn(p *Proxy, nc net.Conn) *conn {

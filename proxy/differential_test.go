@@ -72,6 +72,9 @@ var diffCases = []diffCase{
 	// get and touch
 	{name: "gat returns values", chunks: req("set a 1 0 1\r\nA\r\nset b 2 0 1\r\nB\r\ngat 100 a x b\r\n")},
 	{name: "gats returns cas", chunks: req("set a 1 0 1\r\nA\r\ngats 100 a a\r\n"), exactCAS: true},
+	// The item expires as the first key is answered: named again, a miss.
+	{name: "gat that expires at once names a key once", chunks: req("set a 1 0 1\r\nA\r\nset b 2 0 1\r\nB\r\ngat -1 a b a b\r\nget a b\r\n")},
+	{name: "gats with a past Unix time names a key once", chunks: req("set a 1 0 1\r\nA\r\ngats 1000000000 a a\r\nget a\r\n"), exactCAS: true},
 	{name: "gat with a bad exptime", chunks: req("gat xx a\r\n")},
 	{name: "gat with only an exptime", chunks: req("gat 10\r\n")},
 	{name: "gat without arguments", chunks: req("gat\r\n")},

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"slices"
+	"time"
 
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/upstream"
@@ -117,10 +118,29 @@ func (c *conn) getAndTouch(words [][]byte, withCAS bool) error {
 	}
 	c.fetchAndTouch(r, keys)
 	c.askOtherZones(r)
+	if expiresAtOnce(exptime) {
+		// memcached expires the item as it answers the key the first
+		// time: named again, it is a miss.
+		for i := range c.owners {
+			if c.owners[i].repeat {
+				c.owners[i].srv, c.owners[i].entry = -1, nil
+			}
+		}
+	}
 	err := c.answerRetrieval(id, withCAS)
 	c.fillLocal(r)
 	return err
 }
+
+// expiresAtOnce reports whether memcached expires an item given exptime
+// at once: a negative one, or a Unix time (past 30 days) not in the future.
+func expiresAtOnce(exptime int32) bool {
+	return exptime < 0 || exptime > maxRelativeExptime && int64(exptime) <= time.Now().Unix()
+}
+
+// maxRelativeExptime is the longest exptime memcached takes as seconds
+// from now; a longer one is a Unix time.
+const maxRelativeExptime = 30 * 24 * 60 * 60
 
 // fetchAndTouch sends each server's share of keys as one gats request,
 // concurrently, and leaves the results in c.calls.
@@ -214,7 +234,7 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 		// checks the item against its own key.
 		if len(keys) > 1 {
 			if o, ok := c.named(key, len(keys)); ok {
-				o.bound, o.tenant, o.immutable = bound, tenant, rk.immutable
+				o.bound, o.tenant, o.immutable, o.repeat = bound, tenant, rk.immutable, true
 				c.owners = append(c.owners, o)
 				continue
 			}

@@ -1,0 +1,340 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// FuzzDifferential decodes its input into request streams of well-formed
+// classic commands, pipelined by one to three clients at once, and sends
+// them to memcached and to two proxies, each in front of a memcached of
+// its own: one with a goroutine per connection and one on an event loop.
+// Each client's replies must be memcached's, byte for byte. With more
+// than one client the clients use keys of their own and CAS values are
+// masked, since the servers' CAS counters then follow the interleaving;
+// one client also sends cas commands, and its CAS values must match.
+//
+// Where FuzzProxy checks that any input gets replies in memcached's
+// grammar, this checks that well-formed input gets memcached's replies:
+// pipelining, values long enough to be gathered apart, repeated keys,
+// noreply, and gets of many clients joined upstream.
+func FuzzDifferential(f *testing.F) {
+	for _, seed := range []string{
+		// One client: set, then get it with another key.
+		"\x00\x00\x00\x05\x00\x00\x06\x00\x01\x01",
+		// One client: a value of 131,072 bytes, then gets, gats and a delete.
+		"\x00\x00\x01\xff\x40\x05\x00\x06\x01\x01\x00\x07\x01\x02\x01\x03\x0c\x01\x06\x00\x00",
+		// Three clients: numbers set, incremented, and fetched together.
+		"\x02\x0e\x00\x03\x04\x00\x00\x0e\x00\x03\x04\x00\x00\x0e\x00\x05\x04\x00\x00" +
+			"\x0a\x00\x05\x0a\x00\xff\x0b\x00\x07\x06\x00\x03\x01\x02\x03\x06\x00\x03\x01\x02\x03\x06\x00\x03\x01\x02\x03",
+		// One client: cas with the values memcached counts.
+		"\x00\x0e\x00\x02\x02\x00\x00\x07\x00\x00\x05\x00\x03\x00\x09\x05\x00\x03\x00\x01\x06\x00\x00",
+		// noreply storage, delete and touch, then a get.
+		"\x00\x87\x00\x03\x00\x00\x84\x01\x85\x00\x06\x06\x00\x03\x01\x02\x03",
+		// Two clients: long values and gets of several keys, in pieces.
+		"\x01\x00\x00\xff\x10\x01\x00\x00\x01\xf5\x02\x00\x06\x00\x05\x01\x02\x03\x00\x01\x06\x00\x05\x01\x02\x03\x00\x01" +
+			"\x02\x02\x03\x02\x00\x00\x09\x02\x00\x03\x40\x07\x05\x03\x09\x02",
+	} {
+		f.Add([]byte(seed))
+	}
+	direct := startMemcached(f, "-m", "256")
+	// Under MCSIDECAR_TEST_EVENT_LOOPS both proxies are on a loop.
+	upG := startMemcached(f, "-m", "256")
+	_, viaGoroutines := startProxy(f, testConfig(upG))
+	upL := startMemcached(f, "-m", "256")
+	loopCfg := testConfig(upL)
+	loopCfg.EventLoops = 1
+	_, viaLoop := startProxy(f, loopCfg)
+	inputs := 0
+	f.Fuzz(func(t *testing.T, input []byte) {
+		if len(input) > 4096 {
+			t.Skip()
+		}
+		inputs++
+		streams := decodeStreams(input, fmt.Sprintf("df%d-%d", time.Now().UnixNano(), inputs))
+		targets := []string{direct, viaGoroutines, viaLoop}
+		replies := make([][]string, len(targets))
+		var wg sync.WaitGroup
+		for i, addr := range targets {
+			replies[i] = make([]string, len(streams))
+			for c, s := range streams {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					replies[i][c] = replayStream(addr, s)
+				}()
+			}
+		}
+		wg.Wait()
+		for c, s := range streams {
+			want := replies[0][c]
+			for i, name := range []string{"goroutine path", "event loop"} {
+				got := replies[i+1][c]
+				if len(streams) > 1 {
+					want = casValue.ReplaceAllString(want, "$1 CAS\r")
+					got = casValue.ReplaceAllString(got, "$1 CAS\r")
+				}
+				if got != want {
+					t.Errorf("client %d of %d, %s: replies differ from memcached's after %s\nproxy:     %q\nmemcached: %q",
+						c, len(streams), name, short(string(s.req)), short(got), short(want))
+				}
+			}
+		}
+		// Each memcached was asked the same: the proxies sent each
+		// command once, lost none, and added none.
+		if d, g, l := commandCounts(t, direct), commandCounts(t, upG), commandCounts(t, upL); d != g || d != l {
+			t.Fatalf("memcached's command counters differ: memcached alone %s, behind the goroutine path %s, behind the loop %s", d, g, l)
+		}
+	})
+}
+
+// diffStream is one client's requests, and how many replies (units: a
+// line, or VALUE blocks up to END) they get.
+type diffStream struct {
+	req     []byte
+	replies int
+	pieces  []int // the sizes of the writes the request is sent in
+}
+
+// fuzzBytes hands out an input's bytes, then zeros; long counts the
+// values over 64 KiB decoded, which are bounded to keep an input quick.
+type fuzzBytes struct {
+	b    []byte
+	long int
+}
+
+func (z *fuzzBytes) next() byte {
+	if len(z.b) == 0 {
+		return 0
+	}
+	c := z.b[0]
+	z.b = z.b[1:]
+	return c
+}
+
+func (z *fuzzBytes) empty() bool { return len(z.b) == 0 }
+
+// decodeStreams turns input into the request streams of one to three
+// clients, whose keys begin with prefix and the client's number.
+func decodeStreams(input []byte, prefix string) []diffStream {
+	z := &fuzzBytes{b: input}
+	clients := 1 + int(z.next())%3
+	streams := make([]diffStream, clients)
+	keys := make([][]string, clients)
+	bufs := make([]bytes.Buffer, clients)
+	for c := range streams {
+		for k := range 4 {
+			key := fmt.Sprintf("%s-c%d-k%d", prefix, c, k)
+			if k == 3 { // a key at memcached's limit
+				key += strings.Repeat("x", 250-len(key))
+			}
+			keys[c] = append(keys[c], key)
+		}
+	}
+	// The clients' commands are decoded in turn, up to 40 each.
+	for n := 0; n < 40*clients && !z.empty(); n++ {
+		c := n % clients
+		s, b, keys := &streams[c], &bufs[c], keys[c]
+		op := z.next()
+		key := keys[int(z.next())%len(keys)]
+		noreply := op&0x80 != 0
+		switch op % 15 {
+		case 0, 1, 2, 3, 4, 14:
+			verb := [...]string{"set", "add", "replace", "append", "prepend"}[min(op%15, 4)]
+			if op%15 == 14 {
+				verb = "set"
+			}
+			value := fuzzValue(z, c, op%15 == 14)
+			fmt.Fprintf(b, "%s %s %d %s %d", verb, key, z.next(), fuzzExptime(z), len(value))
+			s.replies += storageLine(b, noreply)
+			b.WriteString(value + "\r\n")
+		case 5:
+			value := fuzzValue(z, c, false)
+			verb := "cas"
+			if clients > 1 {
+				verb = "set" // a CAS value cannot be named: it follows the interleaving
+			}
+			fmt.Fprintf(b, "%s %s %d 0 %d", verb, key, z.next(), len(value))
+			if verb == "cas" {
+				fmt.Fprintf(b, " %d", z.next()%64)
+			}
+			s.replies += storageLine(b, noreply)
+			b.WriteString(value + "\r\n")
+		case 6, 7, 8, 9:
+			verb := [...]string{"get", "gets", "gat", "gats"}[op%15-6]
+			b.WriteString(verb)
+			if verb == "gat" || verb == "gats" {
+				b.WriteString(" " + fuzzExptime(z))
+			}
+			b.WriteString(" " + key)
+			for range int(z.next()) % 6 {
+				b.WriteString(" " + keys[int(z.next())%len(keys)])
+			}
+			b.WriteString("\r\n")
+			s.replies++
+		case 10, 11:
+			delta := uint64(z.next())
+			if delta > 250 {
+				delta = ^uint64(0) - delta
+			}
+			fmt.Fprintf(b, "%s %s %d", [...]string{"incr", "decr"}[op%15-10], key, delta)
+			s.replies += storageLine(b, noreply)
+		case 12:
+			fmt.Fprintf(b, "delete %s", key)
+			s.replies += storageLine(b, noreply)
+		case 13:
+			fmt.Fprintf(b, "touch %s %s", key, fuzzExptime(z))
+			s.replies += storageLine(b, noreply)
+		}
+	}
+	// Each stream ends with a get, whose reply says that memcached has
+	// done every command before it, noreply or not: the next input's CAS
+	// values then follow from the same commands everywhere. It is written
+	// in pieces the input sizes, the rest at once.
+	for c := range streams {
+		s := &streams[c]
+		fmt.Fprintf(&bufs[c], "get %s-c%d-end\r\n", prefix, c)
+		s.replies++
+		s.req = bufs[c].Bytes()
+		for left := len(s.req); left > 0; {
+			n := left
+			if !z.empty() {
+				n = min(left, 1+int(z.next())*int(z.next()%64+1))
+			}
+			s.pieces = append(s.pieces, n)
+			left -= n
+		}
+	}
+	return streams
+}
+
+// storageLine ends a command's line, noreply or not, and returns how many
+// replies it gets.
+func storageLine(b *bytes.Buffer, noreply bool) int {
+	if noreply {
+		b.WriteString(" noreply\r\n")
+		return 0
+	}
+	b.WriteString("\r\n")
+	return 1
+}
+
+// fuzzExptime is 0 mostly; an hour, or -1 (expired at once) otherwise:
+// never a time that passes during the test.
+func fuzzExptime(z *fuzzBytes) string {
+	switch z.next() % 8 {
+	case 6:
+		return "3600"
+	case 7:
+		return "-1"
+	}
+	return "0"
+}
+
+// fuzzValue returns a value: a number when numeric (for incr and decr);
+// otherwise up to 64 bytes mostly, sometimes a few KiB, and now and then
+// over 64 KiB, which the loop gathers apart from its line.
+func fuzzValue(z *fuzzBytes, client int, numeric bool) string {
+	if numeric {
+		return strconv.Itoa(int(z.next()) * int(z.next()))
+	}
+	n := int(z.next())
+	switch {
+	case n == 255 && z.long < 4:
+		z.long++
+		n = 65536 + int(z.next())*1024 // up to about 320 KB
+	case n >= 240:
+		n = (n - 239) * 700
+	default:
+		n %= 65
+	}
+	v := make([]byte, n)
+	for i := range v {
+		v[i] = byte('a' + (i*7+client+n)%26)
+	}
+	return string(v)
+}
+
+// replayStream sends s to addr in its pieces and returns the replies
+// read, up to the number s gets, or what came before a deadline or an
+// error.
+func replayStream(addr string, s diffStream) string {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return "dial: " + err.Error()
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(15 * time.Second))
+	go func() {
+		rest := s.req
+		for _, n := range s.pieces {
+			if _, err := c.Write(rest[:n]); err != nil {
+				return
+			}
+			rest = rest[n:]
+		}
+	}()
+	var out bytes.Buffer
+	r := bufio.NewReader(io.TeeReader(c, &out))
+	for range s.replies {
+		if err := readReplyUnit(r); err != nil {
+			// What came so far, with the error, differs from memcached's
+			// replies unless memcached failed alike.
+			return out.String() + "<" + err.Error() + ">"
+		}
+	}
+	return out.String()
+}
+
+// readReplyUnit reads one reply unit: a line, or VALUE blocks up to END.
+func readReplyUnit(r *bufio.Reader) error {
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return err
+		}
+		if !strings.HasPrefix(line, "VALUE ") {
+			return nil
+		}
+		f := strings.Fields(line)
+		if len(f) < 4 {
+			return fmt.Errorf("bad VALUE line %q", line)
+		}
+		n, err := strconv.Atoi(f[3])
+		if err != nil {
+			return fmt.Errorf("bad VALUE line %q", line)
+		}
+		if _, err := r.Discard(n + 2); err != nil {
+			return err
+		}
+	}
+}
+
+// commandCounts returns the counters of memcached at addr that follow
+// from the commands it was sent alone: not cmd_touch and touch_hits (the
+// proxy asks a key named twice in one gat once), nor total_items (an
+// incr makes a new item or not depending on whether a reply still holds
+// the old one).
+func commandCounts(t *testing.T, addr string) string {
+	r, err := converse(addr, []byte("stats\r\n"), 5*time.Second)
+	if err != nil && len(r.all) == 0 {
+		t.Fatalf("stats of %s: %v", addr, err)
+	}
+	var out []string
+	for _, l := range strings.Split(string(r.all), "\r\n") {
+		for _, k := range []string{"cmd_set", "incr_hits", "incr_misses", "decr_hits", "decr_misses", "cas_hits", "cas_misses", "cas_badval", "delete_hits", "delete_misses"} {
+			if strings.HasPrefix(l, "STAT "+k+" ") {
+				out = append(out, l[len("STAT "):])
+			}
+		}
+	}
+	return strings.Join(out, ",")
+}
