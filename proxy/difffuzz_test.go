@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,6 +45,10 @@ func FuzzDifferential(f *testing.F) {
 		// Two clients: long values and gets of several keys, in pieces.
 		"\x01\x00\x00\xff\x10\x01\x00\x00\x01\xf5\x02\x00\x06\x00\x05\x01\x02\x03\x00\x01\x06\x00\x05\x01\x02\x03\x00\x01" +
 			"\x02\x02\x03\x02\x00\x00\x09\x02\x00\x03\x40\x07\x05\x03\x09\x02",
+		// One client: meta commands, quiet and not, among classic ones.
+		"\x00\x7b\x00\x00\x03\x05\x00\x01\x01\x00\x78\x00\x01\x02\xff\x1f\x7d\x00\x03\x04\x01\x0f\x06\x00\x02\x01\x7e\x00\x01\x01\x07\x05\xff\x0f",
+		// Two clients: pipelined mg of hits and misses, some quiet.
+		"\x01\x00\x00\x02\x00\x00\x00\x01\x02\x00\x00\x78\x00\x01\x81\x00\x78\x01\x01\x81\x00\x78\x00\x01\x01\x00\x78\x01\x81\x00\x00\x7f\x00\x7f\x00",
 	} {
 		f.Add([]byte(seed))
 	}
@@ -118,20 +123,40 @@ func FuzzDifferential(f *testing.F) {
 	})
 }
 
-// casByOrder replaces each CAS value of reply by its rank among the
-// reply's distinct CAS values in the order they first appear.
+// casByOrder replaces each CAS value of reply, in VALUE lines and in a
+// meta reply's c flag, by its rank among the reply's distinct CAS values
+// in the order they first appear.
 func casByOrder(reply string) string {
-	seen := map[string]int{}
-	return casValue.ReplaceAllStringFunc(reply, func(line string) string {
-		i := strings.LastIndexByte(line, ' ')
-		n, ok := seen[line[i+1:]]
+	seen := map[string]string{}
+	rank := func(cas string) string {
+		n, ok := seen[cas]
 		if !ok {
-			n = len(seen) + 1
-			seen[line[i+1:]] = n
+			n = "cas#" + strconv.Itoa(len(seen)+1)
+			seen[cas] = n
 		}
-		return line[:i] + " cas#" + strconv.Itoa(n) + "\r"
-	})
+		return n
+	}
+	lines := strings.SplitAfter(reply, "\n")
+	for i, l := range lines {
+		switch {
+		case casValue.MatchString(l):
+			j := strings.LastIndexByte(l, ' ')
+			lines[i] = l[:j+1] + rank(strings.TrimSuffix(l[j+1:], "\r\n")) + "\r\n"
+		case metaFlagLine.MatchString(l):
+			words := strings.Split(strings.TrimSuffix(l, "\r\n"), " ")
+			for k, w := range words[1:] {
+				if len(w) > 1 && w[0] == 'c' && strings.Trim(w[1:], "0123456789") == "" {
+					words[k+1] = "c" + rank(w[1:])
+				}
+			}
+			lines[i] = strings.Join(words, " ") + "\r\n"
+		}
+	}
+	return strings.Join(lines, "")
 }
+
+// metaFlagLine matches the lines of meta replies that may carry flags.
+var metaFlagLine = regexp.MustCompile(`^(HD|VA \d+|EN|NF|NS|EX)( |\r\n)`)
 
 // diffStream is one client's requests, and how many replies (units: a
 // line, or VALUE blocks up to END) they get.
@@ -139,6 +164,11 @@ type diffStream struct {
 	req     []byte
 	replies int
 	pieces  []int // the sizes of the writes the request is sent in
+	// meta: the stream has meta commands, whose quiet mode leaves the
+	// number of replies open. It then ends with an mn, and its replies are
+	// read up to the MN of its last mn (it has mn of them).
+	meta bool
+	mn   int
 }
 
 // fuzzBytes hands out an input's bytes, then zeros; long counts the
@@ -182,6 +212,13 @@ func decodeStreams(input []byte, prefix string) []diffStream {
 		s, b, keys := &streams[c], &bufs[c], keys[c]
 		op := z.next()
 		key := keys[int(z.next())%len(keys)]
+		if op&0x7f >= 0x78 {
+			if metaCommand(b, z, op, key, c) {
+				s.mn++
+			}
+			s.meta = true
+			continue
+		}
 		noreply := op&0x80 != 0
 		switch op % 15 {
 		case 0, 1, 2, 3, 4, 14:
@@ -233,8 +270,13 @@ func decodeStreams(input []byte, prefix string) []diffStream {
 	// in pieces the input sizes, the rest at once.
 	for c := range streams {
 		s := &streams[c]
-		fmt.Fprintf(&bufs[c], "get %s-c%d-end\r\n", prefix, c)
-		s.replies++
+		if s.meta {
+			bufs[c].WriteString("mn\r\n")
+			s.mn++
+		} else {
+			fmt.Fprintf(&bufs[c], "get %s-c%d-end\r\n", prefix, c)
+			s.replies++
+		}
 		s.req = bufs[c].Bytes()
 		for left := len(s.req); left > 0; {
 			n := left
@@ -246,6 +288,45 @@ func decodeStreams(input []byte, prefix string) []diffStream {
 		}
 	}
 	return streams
+}
+
+// metaCommand writes a meta command decoded from z (op picks which) for
+// key, and reports whether it was mn. The flags are picked from those of
+// each command but the ones whose answer follows the clock (t, l, a T
+// that could pass), base64 keys, and E; they may repeat or clash, as a
+// client's may.
+func metaCommand(b *bytes.Buffer, z *fuzzBytes, op byte, key string, client int) bool {
+	flags := func(choices ...string) {
+		pick := uint16(z.next()) | uint16(z.next())<<8
+		for i, f := range choices {
+			if pick&(1<<i) != 0 {
+				b.WriteString(" " + f)
+			}
+		}
+		b.WriteString("\r\n")
+	}
+	opaque := "O" + strconv.Itoa(int(z.next()))
+	noCAS := "C" + strconv.Itoa(1<<50+int(z.next())) // no item has it
+	switch op & 7 {
+	case 0, 1, 2:
+		b.WriteString("mg " + key)
+		flags("v", "s", "f", "c", "k", "h", opaque, "q", "T0", "T3600", "N3600", "v", "R30")
+	case 3, 4:
+		value := fuzzValue(z, client, z.next()%4 == 0)
+		fmt.Fprintf(b, "ms %s %d", key, len(value))
+		flags("F"+strconv.Itoa(int(z.next())), "T0", "T3600", "q", "c", "k", opaque, "I", "MS", "ME", "MA", "MP", "MR", noCAS, "T-1")
+		b.WriteString(value + "\r\n")
+	case 5:
+		b.WriteString("md " + key)
+		flags("q", "k", opaque, "I", "T3600", noCAS)
+	case 6:
+		b.WriteString("ma " + key)
+		flags("N0", "N3600", "J"+strconv.Itoa(int(z.next())), "D"+strconv.Itoa(int(z.next())), "MI", "MD", "v", "c", "k", "q", opaque, noCAS)
+	case 7:
+		b.WriteString("mn\r\n")
+		return true
+	}
+	return false
 }
 
 // storageLine ends a command's line, noreply or not, and returns how many
@@ -316,46 +397,65 @@ func replayStream(addr string, s diffStream) string {
 	}()
 	var out bytes.Buffer
 	r := bufio.NewReader(io.TeeReader(c, &out))
-	for range s.replies {
-		if err := readReplyUnit(r); err != nil {
+	for n, mn := 0, 0; s.meta && mn < s.mn || !s.meta && n < s.replies; n++ {
+		line, err := readReplyUnit(r)
+		if err != nil {
 			// What came so far, with the error, differs from memcached's
 			// replies unless memcached failed alike.
 			return out.String() + "<" + err.Error() + ">"
+		}
+		if line == "MN\r\n" {
+			mn++
 		}
 	}
 	return out.String()
 }
 
-// readReplyUnit reads one reply unit: a line, or VALUE blocks up to END.
-func readReplyUnit(r *bufio.Reader) error {
+// readReplyUnit reads one reply unit: a line, a meta command's VA line
+// and its value, or VALUE blocks up to END. It returns the first line.
+func readReplyUnit(r *bufio.Reader) (string, error) {
+	first := ""
 	for {
 		line, err := r.ReadString('\n')
 		if err != nil {
-			return err
+			return first, err
+		}
+		if first == "" {
+			first = line
+		}
+		if strings.HasPrefix(line, "VA ") {
+			f := strings.Fields(line)
+			n, err := strconv.Atoi(f[1])
+			if err != nil {
+				return first, fmt.Errorf("bad VA line %q", line)
+			}
+			_, err = r.Discard(n + 2)
+			return first, err
 		}
 		if !strings.HasPrefix(line, "VALUE ") {
-			return nil
+			return first, nil
 		}
 		f := strings.Fields(line)
 		if len(f) < 4 {
-			return fmt.Errorf("bad VALUE line %q", line)
+			return first, fmt.Errorf("bad VALUE line %q", line)
 		}
 		n, err := strconv.Atoi(f[3])
 		if err != nil {
-			return fmt.Errorf("bad VALUE line %q", line)
+			return first, fmt.Errorf("bad VALUE line %q", line)
 		}
 		if _, err := r.Discard(n + 2); err != nil {
-			return err
+			return first, err
 		}
 	}
 }
 
 // commandCounters are the counters of memcached that follow from the
 // commands it was sent alone: not those of retrievals (the proxy asks a
-// key named twice in one get once), nor total_items (an incr makes
-// a new item or not depending on whether a reply still holds the old
-// one).
-var commandCounters = []string{"cmd_set", "incr_hits", "incr_misses", "decr_hits", "decr_misses", "cas_hits", "cas_misses", "cas_badval", "delete_hits", "delete_misses"}
+// key named twice in one get once), nor total_items (an incr makes a new
+// item or not depending on whether a reply still holds the old one), nor
+// incr_misses and decr_misses (a quiet ma with N is asked without N
+// first, to learn whether memcached will answer it).
+var commandCounters = []string{"cmd_set", "incr_hits", "decr_hits", "cas_hits", "cas_misses", "cas_badval", "delete_hits", "delete_misses"}
 
 // commandCounts returns the commandCounters of memcached at addr.
 func commandCounts(t *testing.T, addr string) map[string]int64 {
