@@ -17,13 +17,14 @@ import (
 
 // FuzzDifferential decodes its input into request streams of well-formed
 // classic commands, pipelined by one to three clients at once, and sends
-// them to memcached and to two proxies, each in front of a memcached of
-// its own: one with a goroutine per connection and one on an event loop.
-// Each client's replies must be memcached's, byte for byte but for CAS
-// values, which are compared by which are equal (the servers' counters
-// follow the clients' interleaving). And each memcached must have been
-// asked the same: the proxies sent every command once, lost none, added
-// none.
+// them to memcached and to two proxies, each in front of two memcached
+// servers of its own: one with a goroutine per connection and one on an
+// event loop. Each client's replies must be memcached's, byte for byte
+// but for CAS values, which are compared by which of a key's are equal
+// (the servers' counters follow the clients' interleaving, and behind a
+// proxy each server counts its own). And the servers behind each must
+// have been asked the same: the proxies sent every command once, lost
+// none, added none.
 //
 // Where FuzzProxy checks that any input gets replies in memcached's
 // grammar, this checks that well-formed input gets memcached's replies:
@@ -53,15 +54,17 @@ func FuzzDifferential(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	// Memory for the inputs of a run: each input starts with a flush_all.
-	direct := startMemcached(f, "-m", "1024")
+	// Each proxy spreads the keys over two servers.
+	mc := func() string { return startMemcached(f, "-m", "1024") }
+	direct := mc()
 	// Under MCSIDECAR_TEST_EVENT_LOOPS both proxies are on a loop.
-	upG := startMemcached(f, "-m", "1024")
-	_, viaGoroutines := startProxy(f, testConfig(upG))
-	upL := startMemcached(f, "-m", "1024")
-	loopCfg := testConfig(upL)
+	upG := []string{mc(), mc()}
+	_, viaGoroutines := startProxy(f, testConfig(upG...))
+	upL := []string{mc(), mc()}
+	loopCfg := testConfig(upL...)
 	loopCfg.EventLoops = 1
 	_, viaLoop := startProxy(f, loopCfg)
-	servers := []string{direct, upG, upL}
+	groups := [][]string{{direct}, upG, upL} // the servers behind each target
 	inputs := 0
 	f.Fuzz(func(t *testing.T, input []byte) {
 		if len(input) > 4096 {
@@ -69,12 +72,14 @@ func FuzzDifferential(f *testing.F) {
 		}
 		inputs++
 		streams := decodeStreams(input, fmt.Sprintf("df%d-%d", time.Now().UnixNano(), inputs))
-		before := make([]map[string]int64, len(servers))
-		for i, addr := range servers {
-			if r, err := converse(addr, []byte("flush_all\r\n"), 5*time.Second); err != nil || string(r.head) != "OK\r\n" {
-				t.Fatalf("flush_all of %s: %q, %v", addr, r.head, err)
+		before := make([]map[string]int64, len(groups))
+		for i, g := range groups {
+			for _, addr := range g {
+				if r, err := converse(addr, []byte("flush_all\r\n"), 5*time.Second); err != nil || string(r.head) != "OK\r\n" {
+					t.Fatalf("flush_all of %s: %q, %v", addr, r.head, err)
+				}
 			}
-			before[i] = commandCounts(t, addr)
+			before[i] = commandCounts(t, g)
 		}
 		targets := []string{direct, viaGoroutines, viaLoop}
 		replies := make([][]string, len(targets))
@@ -108,9 +113,9 @@ func FuzzDifferential(f *testing.F) {
 				}
 			}
 		}
-		asked := make([]string, len(servers))
-		for i, addr := range servers {
-			after := commandCounts(t, addr)
+		asked := make([]string, len(groups))
+		for i, g := range groups {
+			after := commandCounts(t, g)
 			var d []string
 			for _, k := range commandCounters {
 				d = append(d, fmt.Sprintf("%s %d", k, after[k]-before[i][k]))
@@ -118,35 +123,38 @@ func FuzzDifferential(f *testing.F) {
 			asked[i] = strings.Join(d, ", ")
 		}
 		if asked[1] != asked[0] || asked[2] != asked[0] {
-			t.Errorf("memcached was asked %s alone, %s behind the goroutine path, %s behind the loop", asked[0], asked[1], asked[2])
+			t.Errorf("memcached was asked %s alone, the servers %s behind the goroutine path, %s behind the loop", asked[0], asked[1], asked[2])
 		}
 	})
 }
 
-// casByOrder replaces each CAS value of reply, in VALUE lines and in a
-// meta reply's c flag, by its rank among the reply's distinct CAS values
-// in the order they first appear.
+// casByOrder replaces each CAS value of a VALUE line in reply by its rank
+// among the CAS values of the line's key in the order they first appear,
+// and the value of a meta reply's c flag (whose key the line may not
+// name) by "*". CAS values of different keys are not compared: behind a
+// proxy they come from different servers, each counting its own.
 func casByOrder(reply string) string {
-	seen := map[string]string{}
-	rank := func(cas string) string {
-		n, ok := seen[cas]
-		if !ok {
-			n = "cas#" + strconv.Itoa(len(seen)+1)
-			seen[cas] = n
-		}
-		return n
-	}
+	seen := map[string]map[string]int{}
 	lines := strings.SplitAfter(reply, "\n")
 	for i, l := range lines {
 		switch {
 		case casValue.MatchString(l):
-			j := strings.LastIndexByte(l, ' ')
-			lines[i] = l[:j+1] + rank(strings.TrimSuffix(l[j+1:], "\r\n")) + "\r\n"
+			f := strings.Fields(l)
+			key, cas := f[1], f[4]
+			if seen[key] == nil {
+				seen[key] = map[string]int{}
+			}
+			n, ok := seen[key][cas]
+			if !ok {
+				n = len(seen[key]) + 1
+				seen[key][cas] = n
+			}
+			lines[i] = strings.Join(f[:4], " ") + " cas#" + strconv.Itoa(n) + "\r\n"
 		case metaFlagLine.MatchString(l):
 			words := strings.Split(strings.TrimSuffix(l, "\r\n"), " ")
 			for k, w := range words[1:] {
 				if len(w) > 1 && w[0] == 'c' && strings.Trim(w[1:], "0123456789") == "" {
-					words[k+1] = "c" + rank(w[1:])
+					words[k+1] = "c*"
 				}
 			}
 			lines[i] = strings.Join(words, " ") + "\r\n"
@@ -457,17 +465,21 @@ func readReplyUnit(r *bufio.Reader) (string, error) {
 // first, to learn whether memcached will answer it).
 var commandCounters = []string{"cmd_set", "incr_hits", "decr_hits", "cas_hits", "cas_misses", "cas_badval", "delete_hits", "delete_misses"}
 
-// commandCounts returns the commandCounters of memcached at addr.
-func commandCounts(t *testing.T, addr string) map[string]int64 {
-	r, err := converse(addr, []byte("stats\r\n"), 5*time.Second)
-	if err != nil && len(r.all) == 0 {
-		t.Fatalf("stats of %s: %v", addr, err)
-	}
+// commandCounts returns the commandCounters of the memcached servers at
+// addrs, summed.
+func commandCounts(t *testing.T, addrs []string) map[string]int64 {
 	counts := map[string]int64{}
-	for _, l := range strings.Split(string(r.all), "\r\n") {
-		f := strings.Fields(l)
-		if len(f) == 3 && f[0] == "STAT" && slices.Contains(commandCounters, f[1]) {
-			counts[f[1]], _ = strconv.ParseInt(f[2], 10, 64)
+	for _, addr := range addrs {
+		r, err := converse(addr, []byte("stats\r\n"), 5*time.Second)
+		if err != nil && len(r.all) == 0 {
+			t.Fatalf("stats of %s: %v", addr, err)
+		}
+		for _, l := range strings.Split(string(r.all), "\r\n") {
+			f := strings.Fields(l)
+			if len(f) == 3 && f[0] == "STAT" && slices.Contains(commandCounters, f[1]) {
+				n, _ := strconv.ParseInt(f[2], 10, 64)
+				counts[f[1]] += n
+			}
 		}
 	}
 	return counts
