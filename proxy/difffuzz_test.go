@@ -16,20 +16,22 @@ import (
 )
 
 // FuzzDifferential decodes its input into request streams of well-formed
-// classic commands, pipelined by one to three clients at once, and sends
-// them to memcached and to two proxies, each in front of two memcached
-// servers of its own: one with a goroutine per connection and one on an
-// event loop. Each client's replies must be memcached's, byte for byte
-// but for CAS values, which are compared by which of a key's are equal
-// (the servers' counters follow the clients' interleaving, and behind a
-// proxy each server counts its own). And the servers behind each must
-// have been asked the same: the proxies sent every command once, lost
-// none, added none.
+// commands, classic and meta, pipelined by one to three clients at once,
+// and sends them to memcached and to three proxies, each in front of two
+// memcached servers of its own: one with a goroutine per connection, one
+// on an event loop, and one on an event loop that envelopes every value
+// (SPEC §4: memcached's semantics hold for enveloped items too). Each
+// client's replies must be memcached's, byte for byte but for CAS values,
+// which are compared by which of a key's are equal (the servers' counters
+// follow the clients' interleaving, and behind a proxy each server counts
+// its own). And the servers behind the first two proxies must have been
+// asked what memcached alone was: the proxies sent every command once,
+// lost none, added none.
 //
 // Where FuzzProxy checks that any input gets replies in memcached's
 // grammar, this checks that well-formed input gets memcached's replies:
 // pipelining, values long enough to be gathered apart, repeated keys,
-// noreply, and gets of many clients joined upstream.
+// noreply and quiet mode, and gets of many clients joined upstream.
 func FuzzDifferential(f *testing.F) {
 	for _, seed := range []string{
 		// One client: set, then get it with another key.
@@ -64,7 +66,14 @@ func FuzzDifferential(f *testing.F) {
 	loopCfg := testConfig(upL...)
 	loopCfg.EventLoops = 1
 	_, viaLoop := startProxy(f, loopCfg)
-	groups := [][]string{{direct}, upG, upL} // the servers behind each target
+	// And a loop proxy that envelopes every value: its servers hold other
+	// bytes, and it reads, changes and writes back a value to append to
+	// it, so only its replies are compared.
+	upE := []string{mc(), mc()}
+	envCfg := envelopeAllConfig(upE...)
+	envCfg.EventLoops = 1
+	_, viaEnvelopes := startProxy(f, envCfg)
+	groups := [][]string{{direct}, upG, upL} // the servers counted behind each target
 	inputs := 0
 	f.Fuzz(func(t *testing.T, input []byte) {
 		if len(input) > 4096 {
@@ -73,15 +82,15 @@ func FuzzDifferential(f *testing.F) {
 		inputs++
 		streams := decodeStreams(input, fmt.Sprintf("df%d-%d", time.Now().UnixNano(), inputs))
 		before := make([]map[string]int64, len(groups))
-		for i, g := range groups {
-			for _, addr := range g {
-				if r, err := converse(addr, []byte("flush_all\r\n"), 5*time.Second); err != nil || string(r.head) != "OK\r\n" {
-					t.Fatalf("flush_all of %s: %q, %v", addr, r.head, err)
-				}
+		for _, addr := range slices.Concat(append(groups, upE)...) {
+			if r, err := converse(addr, []byte("flush_all\r\n"), 5*time.Second); err != nil || string(r.head) != "OK\r\n" {
+				t.Fatalf("flush_all of %s: %q, %v", addr, r.head, err)
 			}
+		}
+		for i, g := range groups {
 			before[i] = commandCounts(t, g)
 		}
-		targets := []string{direct, viaGoroutines, viaLoop}
+		targets := []string{direct, viaGoroutines, viaLoop, viaEnvelopes}
 		replies := make([][]string, len(targets))
 		var wg sync.WaitGroup
 		for i, addr := range targets {
@@ -106,7 +115,7 @@ func FuzzDifferential(f *testing.F) {
 		}
 		for c, s := range streams {
 			want := replies[0][c]
-			for i, name := range []string{"goroutine path", "event loop"} {
+			for i, name := range []string{"goroutine path", "event loop", "event loop, every value enveloped"} {
 				if got := replies[i+1][c]; got != want {
 					t.Errorf("client %d of %d, %s: replies differ from memcached's after %s\nproxy:     %q\nmemcached: %q",
 						c, len(streams), name, short(string(s.req)), short(got), short(want))
