@@ -17,10 +17,11 @@ import (
 
 // FuzzDifferential decodes its input into request streams of well-formed
 // commands, classic and meta, pipelined by one to three clients at once,
-// and sends them to memcached and to three proxies, each in front of two
+// and sends them to memcached and to four proxies, each in front of two
 // memcached servers of its own: one with a goroutine per connection, one
-// on an event loop, and one on an event loop that envelopes every value
-// (SPEC §4: memcached's semantics hold for enveloped items too). Each
+// on an event loop, one on an event loop that envelopes every value
+// (SPEC §4: memcached's semantics hold for enveloped items too), and one
+// on an event loop in the first of two zones of a server each. Each
 // client's replies must be memcached's, byte for byte but for CAS values,
 // which are compared by which of a key's are equal (the servers' counters
 // follow the clients' interleaving, and behind a proxy each server counts
@@ -73,6 +74,12 @@ func FuzzDifferential(f *testing.F) {
 	envCfg := envelopeAllConfig(upE...)
 	envCfg.EventLoops = 1
 	_, viaEnvelopes := startProxy(f, envCfg)
+	// And a loop proxy in zone a of two zones, which writes to both and
+	// reads a first.
+	upZ := []string{mc(), mc()}
+	zoneCfg := zonedConfig("a", zoneEntry("a", upZ[:1]), zoneEntry("b", upZ[1:]))
+	zoneCfg.EventLoops = 1
+	_, viaZones := startProxy(f, zoneCfg)
 	groups := [][]string{{direct}, upG, upL} // the servers counted behind each target
 	inputs := 0
 	f.Fuzz(func(t *testing.T, input []byte) {
@@ -82,7 +89,7 @@ func FuzzDifferential(f *testing.F) {
 		inputs++
 		streams := decodeStreams(input, fmt.Sprintf("df%d-%d", time.Now().UnixNano(), inputs))
 		before := make([]map[string]int64, len(groups))
-		for _, addr := range slices.Concat(append(groups, upE)...) {
+		for _, addr := range slices.Concat(append(groups, upE, upZ)...) {
 			if r, err := converse(addr, []byte("flush_all\r\n"), 5*time.Second); err != nil || string(r.head) != "OK\r\n" {
 				t.Fatalf("flush_all of %s: %q, %v", addr, r.head, err)
 			}
@@ -90,7 +97,7 @@ func FuzzDifferential(f *testing.F) {
 		for i, g := range groups {
 			before[i] = commandCounts(t, g)
 		}
-		targets := []string{direct, viaGoroutines, viaLoop, viaEnvelopes}
+		targets := []string{direct, viaGoroutines, viaLoop, viaEnvelopes, viaZones}
 		replies := make([][]string, len(targets))
 		var wg sync.WaitGroup
 		for i, addr := range targets {
@@ -115,7 +122,7 @@ func FuzzDifferential(f *testing.F) {
 		}
 		for c, s := range streams {
 			want := replies[0][c]
-			for i, name := range []string{"goroutine path", "event loop", "event loop, every value enveloped"} {
+			for i, name := range []string{"goroutine path", "event loop", "event loop, every value enveloped", "event loop, two zones"} {
 				if got := replies[i+1][c]; got != want {
 					t.Errorf("client %d of %d, %s: replies differ from memcached's after %s\nproxy:     %q\nmemcached: %q",
 						c, len(streams), name, short(string(s.req)), short(got), short(want))

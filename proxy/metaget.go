@@ -225,6 +225,10 @@ func (c *conn) metaGet(w [][]byte) error {
 	if from > 0 && filling {
 		c.metaFill(k, m, r, stored, storedFlags)
 	}
+	if m.hasTTL && c.zs != nil {
+		c.flush() // the client's reply first
+		c.touchZonesBut(from, k, strconv.AppendInt(nil, int64(m.ttl), 10))
+	}
 	return nil
 }
 

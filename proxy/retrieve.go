@@ -129,7 +129,35 @@ func (c *conn) getAndTouch(words [][]byte, withCAS bool) error {
 	}
 	err := c.answerRetrieval(id, withCAS)
 	c.fillLocal(r)
+	c.touchOtherZones(words[0])
 	return err
+}
+
+// touchOtherZones touches, with exptime, each key a gat found in the
+// zones that did not answer it (see touchZonesBut).
+func (c *conn) touchOtherZones(exptime []byte) {
+	if c.zs == nil {
+		return
+	}
+	for _, o := range c.owners {
+		if o.srv < 0 || o.repeat {
+			continue
+		}
+		if call := c.call(o); call.Err == nil && call.Items[o.pos].Hit {
+			c.touchZonesBut(int(o.zone), call.Keys[o.pos], exptime)
+		}
+	}
+}
+
+// touchZonesBut touches upstream key k, with exptime, in every zone but z,
+// which a read that touches (gat, gats, mg with T) found it in: a new time
+// to live is a write, as a touch's is, and a copy that outlived it in
+// another zone would answer a later read (one that expires at once would
+// leave the item in every other zone). With --zone-writes=all, as every
+// write.
+func (c *conn) touchZonesBut(z int, k string, exptime []byte) {
+	c.alignReq = appendKeyCommand(c.alignReq[:0], "touch ", k, exptime)
+	c.alignZones(z, k, c.alignReq, nil)
 }
 
 // expiresAtOnce reports whether memcached expires an item given exptime

@@ -403,6 +403,70 @@ func TestZoneDeleteReachesEveryZone(t *testing.T) {
 	}
 }
 
+// TestZoneGatTouchesEveryZone reads keys with gat, and with mg and T,
+// through zone a's sidecar: every zone's copy gets the new time to live,
+// not only the one that answered, so an exptime that expires at once leaves no zone a copy
+// to answer a later read, and a shorter one no copy that outlives it.
+func TestZoneGatTouchesEveryZone(t *testing.T) {
+	zones := [][]string{startZone(t, 2), startZone(t, 2), startZone(t, 2)}
+	entries := []string{zoneEntry("a", zones[0]), zoneEntry("b", zones[1]), zoneEntry("c", zones[2])}
+	for _, loops := range []int{0, 1} {
+		cfg := zonedConfig("a", entries...)
+		cfg.EventLoops = loops // the loop hands gat to the goroutine path
+		_, sidecar := startProxy(t, cfg)
+		c := newLineClient(t, sidecar)
+		gone, short, meta := fmt.Sprintf("gone-%d", loops), fmt.Sprintf("short-%d", loops), fmt.Sprintf("meta-%d", loops)
+		for _, key := range []string{gone, short, meta} {
+			if r := c.do(setReq("set", key, "v")); r != "STORED\r\n" {
+				t.Fatalf("set %s: %q", key, r)
+			}
+		}
+		if r := c.do("gat -1 " + gone + "\r\n"); r != "VALUE "+gone+" 0 1\r\nv\r\nEND\r\n" {
+			t.Fatalf("gat -1: %q", r)
+		}
+		if r := c.do("get " + gone + "\r\n"); r != "END\r\n" {
+			t.Errorf("loops=%d: get after gat -1 found %q, want a miss", loops, r)
+		}
+		if r := c.do("gat 100 " + short + "\r\n"); r != "VALUE "+short+" 0 1\r\nv\r\nEND\r\n" {
+			t.Fatalf("gat 100: %q", r)
+		}
+		if r := c.do("mg " + meta + " T-1 v\r\n"); r != "VA 1\r\n" {
+			t.Fatalf("mg T-1: %q", r)
+		}
+		c.c.SetDeadline(time.Now().Add(5 * time.Second))
+		if v, err := c.br.ReadString('\n'); err != nil || v != "v\r\n" {
+			t.Fatalf("mg T-1's value: %q, %v", v, err)
+		}
+		if r := c.do("get " + meta + "\r\n"); r != "END\r\n" {
+			t.Errorf("loops=%d: get after mg T-1 found %q, want a miss", loops, r)
+		}
+		for z, servers := range zones {
+			for _, key := range []string{gone, meta} {
+				if _, _, ok := inZone(t, servers, key); ok {
+					t.Errorf("loops=%d: zone %d still holds %s, which expired", loops, z, key)
+				}
+			}
+			ttl := zoneTTL(t, servers, short)
+			if ttl < 90 || ttl > 100 {
+				t.Errorf("loops=%d: zone %d holds the key for %d more seconds, want the 100 gat gave it", loops, z, ttl)
+			}
+		}
+	}
+}
+
+// zoneTTL asks the server of a zone that holds key how long it has left
+// to live (mg's t flag), or fails the test when none holds it.
+func zoneTTL(t *testing.T, servers []string, key string) int {
+	t.Helper()
+	c := newLineClient(t, ownerOf(t, servers, key))
+	r := c.do("mg " + key + " t\r\n")
+	var ttl int
+	if _, err := fmt.Sscanf(r, "HD t%d\r\n", &ttl); err != nil {
+		t.Fatalf("mg %s t: %q", key, r)
+	}
+	return ttl
+}
+
 // TestZoneDownKeepsServing kills both servers of zone a: its sidecar still
 // reads every key from the other zones, and still takes writes.
 func TestZoneDownKeepsServing(t *testing.T) {
