@@ -166,12 +166,18 @@ type loopClient struct {
 	writing          bool // written is running
 	held             bool // replies or requests wait until gnet holds fewer bytes of replies (loopOutMax)
 	inHeld           bool // in loopState.held
-	unread           int  // bytes buffered that were already counted
-	last             time.Time
-	hand             *handover // replies owed to a connection handed over
-	iov              []syscall.Iovec
-	tls              *loopTLS // the connection's TLS server, with --tls-cert-path
-	kept             []byte   // a copy of at least the bytes gnet holds to write (see keep)
+	// zoneWait: a write decided zone by zone, or an add to every zone,
+	// is in flight. The client's next requests wait for its reply, which
+	// comes once the zones are in line, so that none overtakes it in a
+	// zone it has not reached yet (the goroutine path runs a client's
+	// requests one after the other).
+	zoneWait bool
+	unread   int // bytes buffered that were already counted
+	last     time.Time
+	hand     *handover // replies owed to a connection handed over
+	iov      []syscall.Iovec
+	tls      *loopTLS // the connection's TLS server, with --tls-cert-path
+	kept     []byte   // a copy of at least the bytes gnet holds to write (see keep)
 	// want is how many bytes the first request buffered needs before it
 	// is parsed again: a storage command whose value is still arriving,
 	// or 0. gnet gathers a long value from many reads, and parsing it
@@ -1022,6 +1028,9 @@ func (lc *loopClient) process() {
 		lc.hold()
 		return
 	}
+	if lc.awaitingZones() {
+		return // resumed by written once the slots are written
+	}
 	if lc.want > 0 {
 		if n := lc.buffered(); n < lc.want && !lc.pendable(lc.want, n) {
 			return
@@ -1036,7 +1045,7 @@ func (lc *loopClient) process() {
 	}
 	data := unhandled(lc.gc, lc.tls)
 	off := 0
-	for off < len(data) && len(lc.slots) < loopMaxSlots {
+	for off < len(data) && len(lc.slots) < loopMaxSlots && !lc.awaitingZones() {
 		n, ok := lc.request(data[off:])
 		if !ok {
 			lc.handoff = true
@@ -1064,6 +1073,15 @@ func (lc *loopClient) process() {
 	if len(lc.slots) > 0 && lc.slots[0].pending == 0 {
 		lc.written() // replies made here: version, a request to an ejected server
 	}
+}
+
+// awaitingZones reports whether the write that set zoneWait, the last
+// request read, is still in flight; once it is not, zoneWait is cleared.
+func (lc *loopClient) awaitingZones() bool {
+	if lc.zoneWait && (len(lc.slots) == 0 || lc.slots[len(lc.slots)-1].pending == 0) {
+		lc.zoneWait = false
+	}
+	return lc.zoneWait
 }
 
 // gather moves what gnet read to pend, without a copy when it was read
@@ -1456,6 +1474,9 @@ func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite, bui
 		// The key's entry goes before the write and again once it is
 		// answered (see tierGuard).
 		p.forget(string(key))
+	}
+	if len(p.zones) > 1 && (p.zoneByZone(id) || id == cmdAdd) {
+		lc.zoneWait = true
 	}
 	if p.zoneByZone(id) {
 		// The request is kept, in the slot's arena, for the next zone.

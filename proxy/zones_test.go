@@ -454,6 +454,31 @@ func TestZoneGatTouchesEveryZone(t *testing.T) {
 	}
 }
 
+// TestZoneWritesKeepTheirOrder pipelines an append of a missing key, which
+// is tried zone after zone, and a set of the key after it. The set must
+// not overtake the append in the zone the append tries second: memcached
+// answers NOT_STORED and then STORED, and every zone ends with the set's
+// value.
+func TestZoneWritesKeepTheirOrder(t *testing.T) {
+	zones := [][]string{startZone(t, 1), startZone(t, 1)}
+	entries := []string{zoneEntry("a", zones[0]), zoneEntry("b", zones[1])}
+	for _, loops := range []int{0, 1} {
+		cfg := zonedConfig("a", entries...)
+		cfg.EventLoops = loops
+		_, sidecar := startProxy(t, cfg)
+		key := fmt.Sprintf("ordered-%d", loops)
+		got := exchange(t, sidecar, "append "+key+" 0 0 1\r\nx\r\nset "+key+" 0 0 1\r\nv\r\nget "+key+"\r\n")
+		if want := "NOT_STORED\r\nSTORED\r\nVALUE " + key + " 0 1\r\nv\r\nEND\r\n"; got != want {
+			t.Errorf("loops=%d: replies %q, want %q", loops, got, want)
+		}
+		for z, servers := range zones {
+			if _, d, ok := inZone(t, servers, key); !ok || d != "v" {
+				t.Errorf("loops=%d: zone %d holds %q (%v), want the set's value", loops, z, d, ok)
+			}
+		}
+	}
+}
+
 // zoneTTL asks the server of a zone that holds key how long it has left
 // to live (mg's t flag), or fails the test when none holds it.
 func zoneTTL(t *testing.T, servers []string, key string) int {
