@@ -1084,6 +1084,23 @@ func (lc *loopClient) awaitingZones() bool {
 	return lc.zoneWait
 }
 
+// readingZones reports whether, with zones, a retrieval of the client's
+// is still in flight. A write after it waits: the retrieval may yet ask
+// another zone for a key the local one lacks, and there the write, sent
+// at once, would come first (the goroutine path runs a client's requests
+// one after the other).
+func (lc *loopClient) readingZones() bool {
+	if len(lc.c.p.zones) < 2 {
+		return false
+	}
+	for _, s := range lc.slots {
+		if s.pending > 0 && (s.id == cmdGet || s.id == cmdGets) {
+			return true
+		}
+	}
+	return false
+}
+
 // gather moves what gnet read to pend, without a copy when it was read
 // straight into place, and once pend holds the whole request, handles it.
 // It reports whether it did. A request that cannot be handled on the loop
@@ -1100,7 +1117,7 @@ func (lc *loopClient) gather() bool {
 		}
 		handle(lc.gc, nil, n)
 	}
-	if len(lc.pend) < cap(lc.pend) {
+	if len(lc.pend) < cap(lc.pend) || lc.readingZones() {
 		return false
 	}
 	if n, ok := lc.request(lc.pend); !ok || n != len(lc.pend) {
@@ -1144,6 +1161,9 @@ func (lc *loopClient) request(data []byte) (int, bool) {
 	if v != verdictRun {
 		lc.hangUp = v == verdictClose
 		return 0, false
+	}
+	if cmd.id != cmdGet && cmd.id != cmdGets && cmd.id != cmdVersion && lc.readingZones() {
+		return 0, true // resumed by written once the retrievals are answered
 	}
 	switch cmd.id {
 	case cmdGet, cmdGets:

@@ -458,7 +458,8 @@ func TestZoneGatTouchesEveryZone(t *testing.T) {
 // is tried zone after zone, and a set of the key after it. The set must
 // not overtake the append in the zone the append tries second: memcached
 // answers NOT_STORED and then STORED, and every zone ends with the set's
-// value.
+// value. Likewise a set after a get that misses in the local zone must
+// not reach the next zone before the get.
 func TestZoneWritesKeepTheirOrder(t *testing.T) {
 	zones := [][]string{startZone(t, 1), startZone(t, 1)}
 	entries := []string{zoneEntry("a", zones[0]), zoneEntry("b", zones[1])}
@@ -475,6 +476,13 @@ func TestZoneWritesKeepTheirOrder(t *testing.T) {
 			if _, d, ok := inZone(t, servers, key); !ok || d != "v" {
 				t.Errorf("loops=%d: zone %d holds %q (%v), want the set's value", loops, z, d, ok)
 			}
+		}
+		// A get that misses in zone a asks zone b next, where the set
+		// after it must not have come first.
+		key = fmt.Sprintf("read-first-%d", loops)
+		got = exchange(t, sidecar, "get "+key+" "+key+"\r\nset "+key+" 0 0 1\r\nv\r\n")
+		if want := "END\r\nSTORED\r\n"; got != want {
+			t.Errorf("loops=%d: get, then set: replies %q, want %q", loops, got, want)
 		}
 	}
 }
