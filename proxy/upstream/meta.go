@@ -26,7 +26,7 @@ func (p *rawPool) getForUpdate(key string, dst []byte) (value []byte, it MetaIte
 		found = false
 		c.rw.WriteString("mg ")
 		c.rw.WriteString(key)
-		c.rw.WriteString(" v f c t\r\n")
+		c.rw.WriteString(" v f c t u\r\n") // u: the read does not count as a fetch (mg h, l)
 		if err := c.rw.Flush(); err != nil {
 			return err
 		}
