@@ -225,9 +225,13 @@ func (c *conn) metaGet(w [][]byte) error {
 	if from > 0 && filling {
 		c.metaFill(k, m, r, stored, storedFlags)
 	}
-	if m.hasTTL && c.zs != nil {
+	if m.hasTTL && c.zs != nil && c.p.cfg.ZoneWrites != zoneWritesLocal {
+		// The other zones get the new time to live, as for gat (see
+		// touchZonesBut), by an mg with T: the key in its wire form
+		// (base64 with b), which a touch line cannot carry.
 		c.flush() // the client's reply first
-		c.touchZonesBut(from, k, strconv.AppendInt(nil, int64(m.ttl), 10))
+		c.alignReq = appendMetaFlag(appendMetaHead(c.alignReq[:0], "mg ", k, m.wireBin), 'T', int64(m.ttl))
+		c.alignZones(from, k, append(c.alignReq, crlf...), nil)
 	}
 	return nil
 }

@@ -112,6 +112,7 @@ func (c *conn) getAndTouch(words [][]byte, withCAS bool) error {
 			// memcached touches the keys before the one it refuses.
 			c.fetchAndTouch(r, keys[:i])
 			c.askOtherZones(r)
+			c.touchOtherZones(words[0])
 			c.fillLocal(r)
 			return c.clientError(id, replyBadFormat)
 		}
@@ -122,28 +123,41 @@ func (c *conn) getAndTouch(words [][]byte, withCAS bool) error {
 		// memcached expires the item as it answers the key the first
 		// time: named again, it is a miss.
 		for i := range c.owners {
-			if c.owners[i].repeat {
+			if c.owners[i].repeat && c.namedBefore(i) {
 				c.owners[i].srv, c.owners[i].entry = -1, nil
 			}
 		}
 	}
 	err := c.answerRetrieval(id, withCAS)
-	c.fillLocal(r)
+	// Before the fill, which reuses the local zone's calls.
 	c.touchOtherZones(words[0])
+	c.fillLocal(r)
 	return err
+}
+
+// namedBefore reports whether the client key of owner i was named earlier
+// in the retrieval. A repeated upstream key may be another client key's
+// (a rewrite equal to it), which memcached sees as a key of its own.
+func (c *conn) namedBefore(i int) bool {
+	return slices.Contains(c.keys[:i], c.keys[i])
 }
 
 // touchOtherZones touches, with exptime, each key a gat found in the
 // zones that did not answer it (see touchZonesBut).
 func (c *conn) touchOtherZones(exptime []byte) {
-	if c.zs == nil {
+	if c.zs == nil || c.p.cfg.ZoneWrites == zoneWritesLocal {
 		return
 	}
+	flushed := false
 	for _, o := range c.owners {
 		if o.srv < 0 || o.repeat {
 			continue
 		}
 		if call := c.call(o); call.Err == nil && call.Items[o.pos].Hit {
+			if !flushed {
+				c.flush() // the client's reply first
+				flushed = true
+			}
 			c.touchZonesBut(int(o.zone), call.Keys[o.pos], exptime)
 		}
 	}

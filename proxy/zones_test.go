@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"encoding/base64"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -483,6 +484,68 @@ func TestZoneWritesKeepTheirOrder(t *testing.T) {
 		got = exchange(t, sidecar, "get "+key+" "+key+"\r\nset "+key+" 0 0 1\r\nv\r\n")
 		if want := "END\r\nSTORED\r\n"; got != want {
 			t.Errorf("loops=%d: get, then set: replies %q, want %q", loops, got, want)
+		}
+	}
+}
+
+// TestZoneGatOfKeysInDifferentZones reads with gat, through zone a's
+// sidecar, a key only zone b holds and one only zone a holds, and
+// with gat -1 a key before one it refuses: the sidecar answers as
+// memcached does (the key found in b is filled into a), every zone that
+// holds a key gets the new time to live, and the refused request still
+// expires the key before it everywhere. An mg with T and a binary key
+// reaches the other zone in its wire form.
+func TestZoneGatOfKeysInDifferentZones(t *testing.T) {
+	zones := [][]string{startZone(t, 1), startZone(t, 1)}
+	_, sidecar := startProxy(t, zonedConfig("a", zoneEntry("a", zones[0]), zoneEntry("b", zones[1])))
+	direct := func(z int, req, want string) {
+		t.Helper()
+		if r := newLineClient(t, zones[z][0]).do(req); r != want {
+			t.Fatalf("zone %d: %q answered %q, want %q", z, req, r, want)
+		}
+	}
+	direct(0, setReq("set", "only-a", "A"), "STORED\r\n")
+	direct(1, setReq("set", "only-b", "B"), "STORED\r\n")
+	c := newLineClient(t, sidecar)
+	if r := c.do("gat 100 only-b only-a\r\n"); r != "VALUE only-b 0 1\r\nB\r\nVALUE only-a 0 1\r\nA\r\nEND\r\n" {
+		t.Fatalf("gat of keys in different zones: %q", r)
+	}
+	for _, key := range []string{"only-a", "only-b"} {
+		for z, servers := range zones {
+			if _, _, ok := inZone(t, servers, key); !ok {
+				continue // only-a was never in zone b
+			}
+			if ttl := zoneTTL(t, servers, key); ttl < 90 || ttl > 100 {
+				t.Errorf("zone %d holds %s for %d more seconds, want the 100 gat gave it", z, key, ttl)
+			}
+		}
+	}
+
+	if r := c.do(setReq("set", "before", "v")); r != "STORED\r\n" {
+		t.Fatalf("set: %q", r)
+	}
+	if r := c.do("gat -1 before " + strings.Repeat("k", 251) + "\r\n"); r != "CLIENT_ERROR bad command line format\r\n" {
+		t.Fatalf("gat -1 with a refused key: %q", r)
+	}
+	if r := c.do("get before\r\n"); r != "END\r\n" {
+		t.Errorf("get after gat -1 refused a later key: %q, want a miss", r)
+	}
+
+	// The key "x 5", then a line of its own: as a touch line's key it
+	// would have been a command for zone b.
+	bin := base64.StdEncoding.EncodeToString([]byte("x 5\r\nset injected 0 0 1\r\nZ\r\nmn"))
+	if r := c.do("ms " + bin + " 1 b\r\nv\r\n"); r != "HD\r\n" {
+		t.Fatalf("ms of a binary key: %q", r)
+	}
+	if r := c.do("mg " + bin + " b T30\r\n"); r != "HD\r\n" {
+		t.Fatalf("mg of a binary key with T: %q", r)
+	}
+	for z, servers := range zones {
+		if _, d, ok := inZone(t, servers, "injected"); ok {
+			t.Errorf("zone %d holds a key the client never set: %q", z, d)
+		}
+		if ttl := zoneTTL(t, servers, bin+" b"); ttl < 20 || ttl > 30 {
+			t.Errorf("zone %d holds the binary key for %d more seconds, want the 30 mg gave it", z, ttl)
 		}
 	}
 }
