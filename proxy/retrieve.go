@@ -164,11 +164,11 @@ func (c *conn) touchOtherZones(exptime []byte) {
 }
 
 // touchZonesBut touches upstream key k, with exptime, in every zone but z,
-// which a read that touches (gat, gats, mg with T) found it in: a new time
-// to live is a write, as a touch's is, and a copy that outlived it in
-// another zone would answer a later read (one that expires at once would
-// leave the item in every other zone). With --zone-writes=all, as every
-// write.
+// which a gat found it in: a new time to live is a write, as a touch's is,
+// and a copy that outlived it in another zone would answer a later read
+// (one that expires at once would leave the item in every other zone).
+// With --zone-writes=all, as every write; mg with T does the same with an
+// mg (metaGet).
 func (c *conn) touchZonesBut(z int, k string, exptime []byte) {
 	c.alignReq = appendKeyCommand(c.alignReq[:0], "touch ", k, exptime)
 	c.alignZones(z, k, c.alignReq, nil)
@@ -177,12 +177,8 @@ func (c *conn) touchZonesBut(z int, k string, exptime []byte) {
 // expiresAtOnce reports whether memcached expires an item given exptime
 // at once: a negative one, or a Unix time (past 30 days) not in the future.
 func expiresAtOnce(exptime int32) bool {
-	return exptime < 0 || exptime > maxRelativeExptime && int64(exptime) <= time.Now().Unix()
+	return exptime < 0 || exptime > wire.MaxRelativeTTL && int64(exptime) <= time.Now().Unix()
 }
-
-// maxRelativeExptime is the longest exptime memcached takes as seconds
-// from now; a longer one is a Unix time.
-const maxRelativeExptime = 30 * 24 * 60 * 60
 
 // fetchAndTouch sends each server's share of keys as one gats request,
 // concurrently, and leaves the results in c.calls.
