@@ -166,18 +166,12 @@ type loopClient struct {
 	writing          bool // written is running
 	held             bool // replies or requests wait until gnet holds fewer bytes of replies (loopOutMax)
 	inHeld           bool // in loopState.held
-	// zoneWait: a write decided zone by zone, or an add to every zone,
-	// is in flight. The client's next requests wait for its reply, which
-	// comes once the zones are in line, so that none overtakes it in a
-	// zone it has not reached yet (the goroutine path runs a client's
-	// requests one after the other).
-	zoneWait bool
-	unread   int // bytes buffered that were already counted
-	last     time.Time
-	hand     *handover // replies owed to a connection handed over
-	iov      []syscall.Iovec
-	tls      *loopTLS // the connection's TLS server, with --tls-cert-path
-	kept     []byte   // a copy of at least the bytes gnet holds to write (see keep)
+	unread           int  // bytes buffered that were already counted
+	last             time.Time
+	hand             *handover // replies owed to a connection handed over
+	iov              []syscall.Iovec
+	tls              *loopTLS // the connection's TLS server, with --tls-cert-path
+	kept             []byte   // a copy of at least the bytes gnet holds to write (see keep)
 	// want is how many bytes the first request buffered needs before it
 	// is parsed again: a storage command whose value is still arriving,
 	// or 0. gnet gathers a long value from many reads, and parsing it
@@ -1028,9 +1022,6 @@ func (lc *loopClient) process() {
 		lc.hold()
 		return
 	}
-	if lc.awaitingZones() {
-		return // resumed by written once the slots are written
-	}
 	if lc.want > 0 {
 		if n := lc.buffered(); n < lc.want && !lc.pendable(lc.want, n) {
 			return
@@ -1045,7 +1036,7 @@ func (lc *loopClient) process() {
 	}
 	data := unhandled(lc.gc, lc.tls)
 	off := 0
-	for off < len(data) && len(lc.slots) < loopMaxSlots && !lc.awaitingZones() {
+	for off < len(data) && len(lc.slots) < loopMaxSlots {
 		n, ok := lc.request(data[off:])
 		if !ok {
 			lc.handoff = true
@@ -1075,26 +1066,27 @@ func (lc *loopClient) process() {
 	}
 }
 
-// awaitingZones reports whether the write that set zoneWait, the last
-// request read, is still in flight; once it is not, zoneWait is cleared.
-func (lc *loopClient) awaitingZones() bool {
-	if lc.zoneWait && (len(lc.slots) == 0 || lc.slots[len(lc.slots)-1].pending == 0) {
-		lc.zoneWait = false
-	}
-	return lc.zoneWait
-}
-
-// readingZones reports whether, with zones, a retrieval of the client's
-// is still in flight. A write after it waits: the retrieval may yet ask
-// another zone for a key the local one lacks, and there the write, sent
-// at once, would come first (the goroutine path runs a client's requests
-// one after the other).
-func (lc *loopClient) readingZones() bool {
-	if len(lc.c.p.zones) < 2 {
+// zoneHeld reports whether, with zones, request id waits for a request
+// of the client's in flight that may still reach another zone, where the
+// new one, sent at once, would come first (the goroutine path runs a
+// client's requests one after the other):
+//   - every request waits for a write tried zone by zone, or an add to
+//     every zone, whose reply comes once the zones are in line;
+//   - a write waits for a get or gets, which may yet ask another zone
+//     for a key the local one lacks.
+//
+// A request held is parsed again once the client's replies are written.
+func (lc *loopClient) zoneHeld(id int) bool {
+	p := lc.c.p
+	if len(p.zones) < 2 {
 		return false
 	}
+	write := id != cmdGet && id != cmdGets && id != cmdVersion
 	for _, s := range lc.slots {
-		if s.pending > 0 && (s.id == cmdGet || s.id == cmdGets) {
+		if s.pending == 0 {
+			continue
+		}
+		if p.zoneByZone(s.id) || s.id == cmdAdd || write && (s.id == cmdGet || s.id == cmdGets) {
 			return true
 		}
 	}
@@ -1117,7 +1109,7 @@ func (lc *loopClient) gather() bool {
 		}
 		handle(lc.gc, nil, n)
 	}
-	if len(lc.pend) < cap(lc.pend) || lc.readingZones() {
+	if len(lc.pend) < cap(lc.pend) {
 		return false
 	}
 	if n, ok := lc.request(lc.pend); !ok || n != len(lc.pend) {
@@ -1162,8 +1154,8 @@ func (lc *loopClient) request(data []byte) (int, bool) {
 		lc.hangUp = v == verdictClose
 		return 0, false
 	}
-	if cmd.id != cmdGet && cmd.id != cmdGets && cmd.id != cmdVersion && lc.readingZones() {
-		return 0, true // resumed by written once the retrievals are answered
+	if lc.zoneHeld(cmd.id) {
+		return 0, true // parsed again once the replies owed are written
 	}
 	switch cmd.id {
 	case cmdGet, cmdGets:
@@ -1494,9 +1486,6 @@ func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite, bui
 		// The key's entry goes before the write and again once it is
 		// answered (see tierGuard).
 		p.forget(string(key))
-	}
-	if len(p.zones) > 1 && (p.zoneByZone(id) || id == cmdAdd) {
-		lc.zoneWait = true
 	}
 	if p.zoneByZone(id) {
 		// The request is kept, in the slot's arena, for the next zone.
