@@ -835,11 +835,17 @@ func (lc *loopClient) resume() {
 
 // processHeld runs process outside traffic, for requests held back, and
 // keeps unread in step: the bytes it handled were counted as read when
-// they came, and those after them must be counted when more come.
+// they came, and those after them must be counted when more come. A
+// request among them that the loop hands over, with no reply owed before
+// it, moves the connection now, as traffic's return would.
 func (lc *loopClient) processHeld() {
 	lc.process()
-	if lc.gc != nil {
-		lc.unread = lc.buffered()
+	if lc.gc == nil {
+		return
+	}
+	lc.unread = lc.buffered()
+	if lc.handoff && !lc.inTraffic && len(lc.slots) == 0 && lc.movable() {
+		lc.ls.el.Close(lc.gc)
 	}
 }
 

@@ -488,6 +488,27 @@ func TestZoneWritesKeepTheirOrder(t *testing.T) {
 	}
 }
 
+// TestZoneHeldHandoverGoesAtOnce pipelines, through the loop with zones,
+// a get and a gat after it. The gat waits for the get (it touches other
+// zones, which the get may still read), and then, a command the loop
+// leaves to the goroutine path, moves the connection there once the get
+// is answered, with the loop's tick an hour away: the move must not wait
+// for the tick.
+func TestZoneHeldHandoverGoesAtOnce(t *testing.T) {
+	tick := loopTick
+	loopTick = time.Hour
+	t.Cleanup(func() { loopTick = tick }) // after the proxy's own cleanup
+	zones := [][]string{startZone(t, 1), startZone(t, 1)}
+	cfg := zonedConfig("a", zoneEntry("a", zones[0]), zoneEntry("b", zones[1]))
+	cfg.EventLoops = 1
+	_, sidecar := startProxy(t, cfg)
+	c := newLineClient(t, sidecar)
+	if r := c.do(setReq("set", "held", "v")); r != "STORED\r\n" {
+		t.Fatalf("set: %q", r)
+	}
+	exchangeExact(t, c, "get held\r\ngat 100 held\r\n", "VALUE held 0 1\r\nv\r\nEND\r\nVALUE held 0 1\r\nv\r\nEND\r\n")
+}
+
 // TestZoneGatOfKeysInDifferentZones reads with gat, through zone a's
 // sidecar, a key only zone b holds and one only zone a holds, and
 // with gat -1 a key before one it refuses: the sidecar answers as
