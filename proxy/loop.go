@@ -1084,15 +1084,19 @@ func (lc *loopClient) process() {
 // A request held is parsed again once the client's replies are written.
 func (lc *loopClient) zoneHeld(id int) bool {
 	p := lc.c.p
-	if len(p.zones) < 2 {
+	if len(p.zones) < 2 || len(lc.slots) == 0 {
 		return false
 	}
-	write := id != cmdGet && id != cmdGets && id != cmdVersion
+	// Nothing is read after such a write while it is in flight: it is
+	// the last slot.
+	if s := lc.slots[len(lc.slots)-1]; s.pending > 0 && (p.zoneByZone(s.id) || s.id == cmdAdd) {
+		return true
+	}
+	if id == cmdGet || id == cmdGets || id == cmdVersion {
+		return false
+	}
 	for _, s := range lc.slots {
-		if s.pending == 0 {
-			continue
-		}
-		if p.zoneByZone(s.id) || s.id == cmdAdd || write && (s.id == cmdGet || s.id == cmdGets) {
+		if s.pending > 0 && (s.id == cmdGet || s.id == cmdGets) {
 			return true
 		}
 	}
