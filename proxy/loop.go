@@ -2385,6 +2385,7 @@ func (s *loopSlot) answer() {
 			}
 		}
 	}
+	var tally keyTally
 	for i := range s.owners {
 		o := &s.owners[i]
 		src := o // the owner whose block answers: the same key named earlier, or o
@@ -2399,14 +2400,9 @@ func (s *loopSlot) answer() {
 		if hit {
 			s.out = append(s.out, block)
 		}
-		st.recordKey(false, hit)
-		if o.tenant != nil {
-			o.tenant.requests.Add(1)
-			if hit {
-				o.tenant.hits.Add(1)
-			}
-		}
+		tally.add(o.tenant, hit)
 	}
+	tally.flush(st)
 	st.record(s.id, oc)
 	s.out = append(s.out, replyEnd)
 }

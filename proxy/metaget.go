@@ -274,13 +274,9 @@ const metaEndFlags = "ZXW"
 // metaCountKey counts an mg's key as a retrieval's, hit or miss, for
 // the proxy and for the key's tenant.
 func (c *conn) metaCountKey(m *metaReq, hit bool) {
-	c.p.stats.recordKey(m.hasTTL, hit)
-	if t := c.p.tenants.counters(m.rk.tenant); t != nil {
-		t.requests.Add(1)
-		if hit {
-			t.hits.Add(1)
-		}
-	}
+	tally := keyTally{touch: m.hasTTL}
+	tally.add(c.p.tenants.counters(m.rk.tenant), hit)
+	tally.flush(c.p.stats)
 }
 
 // metaDebug answers me. It is forwarded: memcached describes the item it

@@ -342,7 +342,7 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 			}
 		}
 	}
-	touch := id == cmdGat || id == cmdGats
+	tally := keyTally{touch: id == cmdGat || id == cmdGats}
 	refused := false
 	for i, o := range c.owners {
 		hit := false
@@ -380,14 +380,9 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 				}
 			}
 		}
-		st.recordKey(touch, hit)
-		if o.tenant != nil {
-			o.tenant.requests.Add(1)
-			if hit {
-				o.tenant.hits.Add(1)
-			}
-		}
+		tally.add(o.tenant, hit)
 	}
+	tally.flush(st)
 	if refused {
 		c.missRefused()
 	}
