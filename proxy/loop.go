@@ -844,7 +844,7 @@ func (lc *loopClient) processHeld() {
 		return
 	}
 	lc.unread = lc.buffered()
-	if lc.handoff && !lc.inTraffic && len(lc.slots) == 0 && lc.movable() {
+	if !lc.inTraffic && lc.moveNow() {
 		lc.ls.el.Close(lc.gc)
 	}
 }
@@ -892,7 +892,7 @@ func (ls *loopState) check() {
 			lc.kept = nil // an idle connection keeps no buffer
 		}
 		switch {
-		case lc.handoff && len(lc.slots) == 0 && lc.movable():
+		case lc.moveNow():
 			ls.el.Close(lc.gc)
 		case lc.full():
 			// Its replies wait for it to read those gnet holds.
@@ -961,7 +961,7 @@ func (lc *loopClient) traffic() gnet.Action {
 		lc.handoff = true
 		return gnet.Close
 	}
-	if len(lc.slots) == 0 && (lc.handoff && lc.movable() || lc.c.p.draining() && lc.gc.OutboundBuffered() == 0 && !lc.inBlock()) {
+	if lc.moveNow() || len(lc.slots) == 0 && lc.c.p.draining() && lc.gc.OutboundBuffered() == 0 && !lc.inBlock() {
 		return gnet.Close // what written leaves to this callback's return
 	}
 	return gnet.None
@@ -977,6 +977,12 @@ func (lc *loopClient) piledUp() bool {
 		return (lc.held || lc.handoff) && lc.movable()
 	}
 	return false
+}
+
+// moveNow reports whether a connection the loop hands over moves now: no
+// reply is owed on the loop, and it is movable.
+func (lc *loopClient) moveNow() bool {
+	return lc.handoff && len(lc.slots) == 0 && lc.movable()
 }
 
 // movable reports whether the connection can move to the goroutine path

@@ -133,8 +133,9 @@ func (k *keyTally) add(t *tenantCounters, hit bool) {
 	}
 }
 
+// flushTenant adds the current tenant's counts to its counters.
 func (k *keyTally) flushTenant() {
-	if k.tenant != nil && k.tenantN > 0 {
+	if k.tenant != nil { // set by add, which counted a key of it
 		k.tenant.requests.Add(k.tenantN)
 		if k.tenantH > 0 {
 			k.tenant.hits.Add(k.tenantH)
