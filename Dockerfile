@@ -7,10 +7,10 @@ COPY proxy/internal/gnet/ proxy/internal/gnet/
 RUN go mod download
 COPY . .
 ARG VERSION=dev
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/proxy ./cmd/proxy
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/mcsidecar ./cmd/proxy
 
 FROM gcr.io/distroless/static-debian12:nonroot
-COPY --from=build /out/proxy /proxy
+COPY --from=build /out/mcsidecar /mcsidecar
 USER nonroot:nonroot
 # memcached protocol, then /metrics, /healthz, /readyz and the status page.
 EXPOSE 11311 9151
@@ -18,4 +18,4 @@ EXPOSE 11311 9151
 # run here: probe over HTTP instead (Kubernetes httpGet on /healthz for
 # liveness, /readyz for readiness; see configs/). SIGTERM drains within
 # --shutdown-grace and exits 0.
-ENTRYPOINT ["/proxy", "--listen=0.0.0.0:11311", "--metrics-listen=0.0.0.0:9151"]
+ENTRYPOINT ["/mcsidecar", "--listen=0.0.0.0:11311", "--metrics-listen=0.0.0.0:9151"]

@@ -49,6 +49,20 @@ func (k *Keyspace) Check(key []byte) (ok bool, reason Reason) {
 	return true, ReasonOK
 }
 
+// CheckBinary is Check for a key a meta command sent in base64 (flag b),
+// decoded: memcached takes any bytes in it, so only its length counts.
+// Such a key holding a byte memcached would end a key at is rewritten
+// (see NeedsRewrite), like any key the upstream cannot carry as it is.
+func (k *Keyspace) CheckBinary(key []byte) (ok bool, reason Reason) {
+	switch {
+	case len(key) == 0:
+		return false, ReasonEmpty
+	case len(key) > k.maxClientLen:
+		return false, ReasonTooLong
+	}
+	return true, ReasonOK
+}
+
 // NeedsRewrite reports whether key, already accepted by Check, cannot be
 // sent upstream as it is: it is longer than --key-max-length, holds a
 // control byte (below 0x20) or DEL (0x7f), which gomemcache refuses. (A

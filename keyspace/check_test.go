@@ -14,12 +14,12 @@ func TestCheckAcceptsWhatMemcachedAccepts(t *testing.T) {
 		reason Reason
 	}{
 		{"short printable key", "foo", ReasonOK},
-		{"key of the client maximum", strings.Repeat("k", 2000), ReasonOK},
+		{"key of the client maximum", strings.Repeat("k", 65536), ReasonOK},
 		{"control bytes other than CR LF NUL", "a\x01\t\x1b\x7fb", ReasonOK},
 		{"bytes above 0x7f", "k\x80\xff", ReasonOK},
 		{"the marker", "~", ReasonOK},
 		{"empty key", "", ReasonEmpty},
-		{"one byte over the client maximum", strings.Repeat("k", 2001), ReasonTooLong},
+		{"one byte over the client maximum", strings.Repeat("k", 65537), ReasonTooLong},
 		{"space", "a b", ReasonBadByte},
 		{"carriage return", "a\rb", ReasonBadByte},
 		{"line feed", "a\nb", ReasonBadByte},
@@ -105,6 +105,25 @@ func TestWordScansAgreeWithByteLoops(t *testing.T) {
 					}
 				}
 			}
+		}
+	}
+}
+
+// TestCheckBinaryTakesAnyBytes checks a decoded base64 meta key: any
+// bytes, only its length refused.
+func TestCheckBinaryTakesAnyBytes(t *testing.T) {
+	k := newKeyspace(t, nil)
+	for _, tc := range []struct {
+		key    string
+		reason Reason
+	}{
+		{"a b\r\n\x00\x01\xff", ReasonOK},
+		{strings.Repeat("\x00", 65536), ReasonOK},
+		{"", ReasonEmpty},
+		{strings.Repeat(" ", 65537), ReasonTooLong},
+	} {
+		if ok, reason := k.CheckBinary([]byte(tc.key)); ok != (tc.reason == ReasonOK) || reason != tc.reason {
+			t.Errorf("CheckBinary(%.20q) = %v, %v; want %v", tc.key, ok, reason, tc.reason)
 		}
 	}
 }

@@ -1,7 +1,6 @@
 package keyspace
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/spf13/pflag"
@@ -42,7 +41,7 @@ type Config struct {
 // a Mimir store-gateway.
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.MaxLength, "key-max-length", upstreamMaxLength, "longest key sent upstream; longer keys, and keys holding a control byte or DEL, are rewritten by hashing their tenant-bearing segments first (64 to 250)")
-	fs.IntVar(&c.MaxClientLength, "key-max-client-length", 2000, "longest key a client may send; longer or empty keys get CLIENT_ERROR (keeps a command line inside memcached's 2048-byte framing)")
+	fs.IntVar(&c.MaxClientLength, "key-max-client-length", 65536, "longest key a client may send, for every command (a federated query's results key lists every tenant); longer or empty keys get CLIENT_ERROR")
 	fs.StringSliceVar(&c.Presets, "key-schemes", []string{"all"}, "built-in key schemes that are on: preset names (mimir-p2, thanos-p, …), groups (mimir, thanos, cortex, bucket, results), all or none")
 	fs.StringArrayVar(&c.Schemes, "key-scheme", nil, "user key scheme, repeatable: NAME[+postings][+immutable]=PATTERN (+postings: values are postings lists, compressed and verified; +immutable: a value never changes once written, so the local tier may keep it) with placeholders {tenant} {tenants} {ulid} {} {1}..{9}, e.g. 'loki-idx=IDX:{tenant}:{ulid}:{1}'; tried before the built-in schemes")
 }
@@ -60,7 +59,7 @@ func (c *Config) compile() ([]*pattern, error) {
 	case c.MaxLength < minMaxLength || c.MaxLength > upstreamMaxLength:
 		return nil, fmt.Errorf("--key-max-length must be between %d and %d", minMaxLength, upstreamMaxLength)
 	case c.MaxClientLength < c.MaxLength:
-		return nil, errors.New("--key-max-client-length must be at least --key-max-length")
+		return nil, fmt.Errorf("--key-max-client-length %d: must be at least --key-max-length (%d)", c.MaxClientLength, c.MaxLength)
 	case c.MaxClientLength > maxMaxClientLength:
 		return nil, fmt.Errorf("--key-max-client-length must be at most %d", maxMaxClientLength)
 	case c.TestHashChars < 0 || c.TestHashChars > wholeChars:

@@ -116,7 +116,7 @@ func TestFlagsHaveSidecarDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.MaxLength != 250 || c.MaxClientLength != 2000 || c.TestHashChars != 0 {
+	if c.MaxLength != 250 || c.MaxClientLength != 65536 || c.TestHashChars != 0 {
 		t.Errorf("defaults: %+v", c)
 	}
 	if len(c.Schemes) != 2 || !strings.Contains(c.Schemes[1], "cluster,namespace") {

@@ -141,10 +141,9 @@ func (c *conn) flushAll(w [][]byte) error {
 		}
 		withDelay = true
 	}
-	if c.p.tier != nil {
-		c.p.pauseFills(delay, withDelay)
-		defer c.p.tier.Clear()
-	}
+	// Reads that overlap it keep and fill nothing (see writeGuard).
+	c.p.flushing(delay, withDelay)
+	defer c.p.flushed()
 	// Every server of every zone at once (of the local zone only with
 	// --zone-writes=local). OK when every server of the local zone said
 	// so, or, when one of those failed, every server of another zone.

@@ -71,7 +71,7 @@ func parseOne(rd *reader, words [][]byte) ([][]byte, error) {
 func BenchmarkParse(b *testing.B) {
 	for _, r := range parseRequests {
 		b.Run(r.name, func(b *testing.B) {
-			rd := newReader(&repeatReader{req: []byte(r.req)}, readBufferSize, 1<<20, nil)
+			rd := newReader(&repeatReader{req: []byte(r.req)}, readBufferSize, 1<<20, lineLimit, nil)
 			words := make([][]byte, 0, maxTokens)
 			b.ReportAllocs()
 			b.SetBytes(int64(len(r.req)))
@@ -87,7 +87,7 @@ func BenchmarkParse(b *testing.B) {
 
 func TestParsingAllocatesNothing(t *testing.T) {
 	for _, r := range parseRequests {
-		rd := newReader(&repeatReader{req: []byte(r.req)}, readBufferSize, 1<<20, nil)
+		rd := newReader(&repeatReader{req: []byte(r.req)}, readBufferSize, 1<<20, lineLimit, nil)
 		words := make([][]byte, 0, maxTokens)
 		// Warm up: the 100-key line grows words once.
 		for range 3 {

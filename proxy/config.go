@@ -37,9 +37,10 @@ type Config struct {
 	GetBatchKeys     int
 	RetrievalFailure string
 	MaxItemSize      ByteSize
-	// MaxValueSize is the largest value a client may send, never less
-	// than MaxItemSize. Only an enveloped value can be larger than
-	// MaxItemSize and still be stored, when it compresses below it.
+	// MaxValueSize is the largest value a client may send: 0 is
+	// MaxItemSize, and any other value must be at least MaxItemSize. Only
+	// an enveloped value can be larger than MaxItemSize and still be
+	// stored, when it compresses below it.
 	MaxValueSize   ByteSize
 	MaxRequestLine ByteSize
 	// MaxConnections is the most client connections served at once; 0 is
@@ -47,6 +48,9 @@ type Config struct {
 	// request, or takes none of its replies, for that long; 0 never does.
 	MaxConnections int
 	IdleTimeout    time.Duration
+	// MaxClientOutput is the most bytes of replies a client may be owed
+	// and not have read (see output.go); 0 is defaultMaxClientOutput.
+	MaxClientOutput ByteSize
 
 	// TLS, both off by default: see tls.go.
 	TLS         ServerTLS
@@ -128,15 +132,15 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.EjectRehash, "upstream-eject-rehash", false, "send the keys of an ejected server to the servers left (risks stale reads when it comes back) instead of answering them as misses")
 	fs.DurationVar(&c.DNSInterval, "upstream-dns-interval", 30*time.Second, "how often dns+ and dnssrv+ upstream entries are looked up again")
 	c.MaxItemSize = 1 << 20
-	fs.Var(&c.MaxItemSize, "max-item-size", "largest item stored upstream, as memcached's -I: an enveloped value counts as stored, compressed and with its header (bytes, or with k/m suffix)")
-	// Twice the item limit: a value that compresses to half its size or
-	// better (postings lists do) still fits, and a connection never holds
-	// more than a few MiB for one command.
-	c.MaxValueSize = 2 << 20
-	fs.Var(&c.MaxValueSize, "max-value-size", "largest value a client may send, at least --max-item-size (bytes, or with k/m suffix); over --max-item-size it is stored only if its envelope fits, so only values of enveloped keys can use the difference")
+	fs.Var(&c.MaxItemSize, "max-item-size", "largest item stored upstream, as memcached's -I: an enveloped value counts as stored, compressed and with its header (bytes, or with k/m/g suffix; at most 1 GiB)")
+	// Left at 0 here: DefaultMaxValueSize gives it, from --max-item-size,
+	// once the flags are parsed.
+	fs.Var(&c.MaxValueSize, "max-value-size", "largest value a client may send, at least --max-item-size (bytes, or with k/m/g suffix; default: twice --max-item-size, at most 1 GiB); over --max-item-size it is stored only if its envelope fits, so only values of enveloped keys can use the difference")
 	c.MaxRequestLine = 1 << 20
 	fs.Var(&c.MaxRequestLine, "max-request-line", "longest retrieval command line (other lines follow memcached's 2048-byte framing)")
 	fs.IntVar(&c.MaxConnections, "max-connections", 4096, "most client connections at once, like memcached's -c; one more is answered \"ERROR Too many open connections\" and closed (0: no limit)")
+	c.MaxClientOutput = defaultMaxClientOutput
+	fs.Var(&c.MaxClientOutput, "max-client-output-bytes", "most bytes of replies one client connection may be owed and not have read (bytes, or with k/m suffix; 0: 4m): at it an event loop answers none of the client's further gets until it reads, though one get is answered whenever nothing is owed, however long its reply (the goroutine path holds one request's replies at a time); a client whose replies wait on it for --idle-timeout is closed")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 0, "close a client connection that completes no request, or takes none of its replies, for this long, like memcached's idle_timeout (0: never)")
 	fs.Var(&c.LocalCacheSize, "local-cache-size", "memory of the local tier, which serves values that never change (keys of a scheme marked immutable: block-scoped index-cache keys, byte ranges of block files) from the sidecar itself, counted as values, keys and bookkeeping (bytes, or with k/m/g suffix); 0 turns it off")
 	c.TLS.registerFlags(fs)
@@ -148,14 +152,14 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 // Validate reports the first setting that cannot work.
 func (c *Config) Validate() error {
 	if c.Listen == "" {
-		return errors.New("--listen is empty")
+		return errors.New("--listen is empty: want host:port or unix:/path")
 	}
 	zones, err := c.zoneSpecs()
 	if err != nil {
 		return err
 	}
 	if err := upstream.CheckScheme(c.Selector); err != nil {
-		return fmt.Errorf("--upstream-selector: %w", err)
+		return fmt.Errorf("--upstream-selector %q: want %s or %s", c.Selector, upstream.SelectJump, upstream.SelectKetama)
 	}
 	switch {
 	case c.Timeout <= 0:
@@ -175,19 +179,29 @@ func (c *Config) Validate() error {
 	case c.DNSInterval <= 0 && c.discovers():
 		return errors.New("--upstream-dns-interval must be positive")
 	case c.ZoneWrites != "" && c.ZoneWrites != zoneWritesAll && c.ZoneWrites != zoneWritesLocal:
-		return fmt.Errorf("--zone-writes must be %s or %s", zoneWritesAll, zoneWritesLocal)
+		return fmt.Errorf("--zone-writes %q: must be %s or %s", c.ZoneWrites, zoneWritesAll, zoneWritesLocal)
 	case c.RetrievalFailure != failureMiss && c.RetrievalFailure != failureError:
-		return fmt.Errorf("--upstream-retrieval-failure must be %s or %s", failureMiss, failureError)
-	case c.MaxItemSize < 1 || c.MaxItemSize > 1<<30:
-		return errors.New("--max-item-size must be between 1 byte and 1 GiB")
-	case c.MaxValueSize < 0 || c.MaxValueSize > 1<<30:
-		return errors.New("--max-value-size must be between 0 and 1 GiB")
+		return fmt.Errorf("--upstream-retrieval-failure %q: must be %s or %s", c.RetrievalFailure, failureMiss, failureError)
+	case c.MaxItemSize < 1 || c.MaxItemSize > maxSize:
+		return fmt.Errorf("--max-item-size %d: must be between 1 byte and 1 GiB (%d)", c.MaxItemSize, maxSize)
+	case c.MaxValueSize < 0 || c.MaxValueSize > maxSize:
+		return fmt.Errorf("--max-value-size %d: must be between 0 and 1 GiB (%d)", c.MaxValueSize, maxSize)
+	case c.MaxValueSize != 0 && c.MaxValueSize < c.MaxItemSize:
+		// Raising it quietly would accept values the operator meant to
+		// refuse; which of the two is wrong only the operator knows.
+		return fmt.Errorf("--max-value-size %d is below --max-item-size %d: give a --max-value-size of at least %d, or a smaller --max-item-size", c.MaxValueSize, c.MaxItemSize, c.MaxItemSize)
 	case c.MaxRequestLine < lineLimit:
-		return fmt.Errorf("--max-request-line must be at least %d", lineLimit)
+		return fmt.Errorf("--max-request-line %d: must be at least %d", c.MaxRequestLine, lineLimit)
+	case c.Keys != nil && int(c.MaxRequestLine) < keyedLineMax(c.Keys.MaxClientLength):
+		// A get of one key as long as clients may send would be cut off.
+		return fmt.Errorf("--max-request-line %d is shorter than a line holding a key of --key-max-client-length %d: give at least %d, or a smaller --key-max-client-length",
+			c.MaxRequestLine, c.Keys.MaxClientLength, keyedLineMax(c.Keys.MaxClientLength))
 	case c.MaxConnections < 0:
 		return errors.New("--max-connections must not be negative")
 	case c.IdleTimeout < 0:
 		return errors.New("--idle-timeout must not be negative")
+	case c.MaxClientOutput < 0:
+		return errors.New("--max-client-output-bytes must not be negative")
 	case c.MetricsTenants < 0 || c.MetricsTenants > 1000:
 		return errors.New("--metrics-tenants must be between 0 and 1000")
 	case c.EnvelopeAll && c.Codec == nil:
@@ -225,9 +239,38 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// maxValueSize is the largest value a client may send: raising
-// --max-item-size alone raises it too.
-func (c *Config) maxValueSize() int { return int(max(c.MaxValueSize, c.MaxItemSize)) }
+// maxSize bounds --max-item-size and --max-value-size, as memcached
+// bounds -I.
+const maxSize = 1 << 30
+
+// maxValueSize is the largest value a client may send.
+func (c *Config) maxValueSize() int {
+	if c.MaxValueSize == 0 {
+		return int(c.MaxItemSize)
+	}
+	return int(c.MaxValueSize)
+}
+
+// DefaultMaxValueSize gives MaxValueSize its flag default, twice
+// MaxItemSize and at most 1 GiB, when it was not given: a value that
+// compresses to half its size or better (postings lists do) still fits,
+// and a connection never holds more than that for one command. Call it
+// once the flags are parsed, so that raising --max-item-size alone raises
+// it too, and a --max-value-size that is given is only ever checked.
+func (c *Config) DefaultMaxValueSize(fs *pflag.FlagSet) {
+	if !fs.Changed("max-value-size") {
+		c.MaxValueSize = min(2*c.MaxItemSize, maxSize)
+	}
+}
+
+// maxClientOutput is the most reply bytes a client may be owed: the
+// default when the configuration leaves it 0.
+func (c *Config) maxClientOutput() int {
+	if c.MaxClientOutput > 0 {
+		return int(c.MaxClientOutput)
+	}
+	return defaultMaxClientOutput
+}
 
 // ByteSize is a byte count flag that also takes k, m and g suffixes (powers
 // of 1024), the way memcached's -I does.
@@ -240,18 +283,18 @@ func (b *ByteSize) Type() string { return "bytes" }
 
 // Set parses a size such as 1048576, 1024k, 1m or 1g.
 func (b *ByteSize) Set(s string) error {
-	mult := 1
+	mult, num := 1, s
 	switch {
 	case strings.HasSuffix(s, "k"), strings.HasSuffix(s, "K"):
-		mult, s = 1<<10, s[:len(s)-1]
+		mult, num = 1<<10, s[:len(s)-1]
 	case strings.HasSuffix(s, "m"), strings.HasSuffix(s, "M"):
-		mult, s = 1<<20, s[:len(s)-1]
+		mult, num = 1<<20, s[:len(s)-1]
 	case strings.HasSuffix(s, "g"), strings.HasSuffix(s, "G"):
-		mult, s = 1<<30, s[:len(s)-1]
+		mult, num = 1<<30, s[:len(s)-1]
 	}
-	n, err := strconv.Atoi(s)
+	n, err := strconv.Atoi(num)
 	if err != nil || n < 0 || n > (1<<40)/mult {
-		return fmt.Errorf("bad size %q", s)
+		return fmt.Errorf("bad size %q: want a byte count up to 1 TiB, or one with a k, m or g suffix (1048576, 1024k, 1m)", s)
 	}
 	*b = ByteSize(n * mult)
 	return nil

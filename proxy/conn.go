@@ -62,16 +62,14 @@ type conn struct {
 	// and now the time it started, for the tier's expiry.
 	tierMode uint8
 	now      int64
-	// asked is how many zones the last retrieval asked, the local one
-	// included: the calls of the others are left from earlier ones.
-	asked int
 	// changed reports that the last read-modify-write stored its value;
 	// with quietMiss set, one that finds no item answers nothing and sets
 	// missed, so that the next zone can be asked.
 	changed, quietMiss, missed bool
-	fillBuf                    []byte // the fills of a read, before they are grouped
-	alignReq                   []byte // the set or delete that brings other zones in line
-	req                        []byte // a command's line, as sent upstream
+	fillBuf                    []byte     // the fills of a read, before they are grouped
+	fillNotes                  []fillNote // the fills of a read, in fillBuf's order
+	alignReq                   []byte     // the set or delete that brings other zones in line
+	req                        []byte     // a command's line, as sent upstream
 	keys                       []string
 	owners                     []keyOwner
 	seen                       map[string]keyOwner // keys already grouped in this request
@@ -125,7 +123,7 @@ type keyOwner struct {
 	immutable bool
 	tenant    *tenantCounters // nil: not counted per tenant
 	entry     *tier.Entry     // the local tier's answer; srv is then -1
-	tierGen   uint32          // see keep
+	written   uint64          // the count of its key's write stripe, noted before it was asked (see writeGuard)
 	// refused: the item was a hit upstream that the client gets as a miss
 	// (an envelope refused, a plain item under a rewritten key).
 	refused bool
@@ -150,7 +148,7 @@ func (c *conn) attach(nc net.Conn) {
 		cc.direct, cc.raw = true, sockio.NewWriter(rc)
 	}
 	c.nc, c.cc = nc, cc
-	c.rd = newReader(cc, readBufferSize, int(c.p.cfg.MaxRequestLine), c.flush)
+	c.rd = newReader(cc, readBufferSize, int(c.p.cfg.MaxRequestLine), c.p.keyLine, c.flush)
 }
 
 // adopt takes over a connection from its event loop: nc is its socket
@@ -613,8 +611,9 @@ type countingConn struct {
 	raw          *sockio.Writer // its writes, with direct
 	failed       atomic.Bool
 	// idleCounted: the connection is counted as closed for idling, once,
-	// whether its write or its read timed out first (see countIdle).
-	idleCounted atomic.Bool
+	// whether its write or its read timed out first (see countIdle);
+	// unreadCounted, as closed with replies left unread (countUnread).
+	idleCounted, unreadCounted atomic.Bool
 }
 
 // countIdle counts the connection in idle_kicks unless it was already:
@@ -623,6 +622,15 @@ type countingConn struct {
 func (cc *countingConn) countIdle() {
 	if cc.idleCounted.CompareAndSwap(false, true) {
 		cc.stats.connsIdleClosed.Add(1)
+	}
+}
+
+// countUnread counts the connection as closed with replies it left
+// unread, once, and as idle: a write did not finish in --idle-timeout.
+func (cc *countingConn) countUnread() {
+	cc.countIdle()
+	if cc.unreadCounted.CompareAndSwap(false, true) {
+		cc.stats.connsOutputClosed.Add(1)
 	}
 }
 
@@ -663,7 +671,7 @@ func (cc *countingConn) wrote(n int64, err error) error {
 	cc.stats.bytesWritten.Add(uint64(n))
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			cc.countIdle()
+			cc.countUnread()
 		}
 		cc.failed.Store(true)
 	}

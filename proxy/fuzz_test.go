@@ -84,7 +84,8 @@ func FuzzReader(f *testing.F) {
 		// past memcached's 2048-byte framing limit.
 		limit := size + 16*int(ops[1])
 		src := &chunkedReader{data: input, sizes: chunks, eofAtLast: ops[2]&1 == 1}
-		rd := newReader(src, size, limit, func() error { return nil })
+		keyLine := keyedLineMax(int(ops[1]) * 64)
+		rd := newReader(src, size, limit, keyLine, func() error { return nil })
 		ops = ops[3:]
 		calls := len(ops)
 
@@ -160,13 +161,13 @@ func FuzzReader(f *testing.F) {
 						}
 						return
 					case err == errLineTooLong:
-						checkTooLong(t, "fill", input[pos:], limit)
+						checkTooLong(t, "fill", input[pos:], limit, keyLine)
 						return
 					default:
 						t.Fatalf("fill() = %v", err)
 					}
 				case err == errLineTooLong:
-					checkTooLong(t, "line", input[pos:], limit)
+					checkTooLong(t, "line", input[pos:], limit, keyLine)
 					return
 				default:
 					t.Fatalf("line() = %v", err)
@@ -203,8 +204,9 @@ func checkShortInput(t *testing.T, call string, err error, input []byte, pos, n 
 
 // checkTooLong fails when rest was refused as an unframable line though
 // memcached would have framed it: its first line must be longer than 2048
-// bytes (and not a retrieval command), or fill the largest buffer allowed.
-func checkTooLong(t *testing.T, call string, rest []byte, limit int) {
+// bytes (and not a retrieval command, nor a command that names a key
+// within keyLine), or fill the largest buffer allowed.
+func checkTooLong(t *testing.T, call string, rest []byte, limit, keyLine int) {
 	t.Helper()
 	n := bytes.IndexByte(rest, '\n')
 	if n < 0 {
@@ -213,7 +215,8 @@ func checkTooLong(t *testing.T, call string, rest []byte, limit int) {
 	trimmed := bytes.TrimLeft(rest, " ")
 	retrieval := len(rest)-len(trimmed) <= 100 &&
 		(bytes.HasPrefix(trimmed, []byte("get ")) || bytes.HasPrefix(trimmed, []byte("gets ")))
-	if n > lineLimit && !retrieval || n >= limit {
+	keyed := isKeyedPrefix(rest) && n <= keyLine
+	if n > lineLimit && !retrieval && !keyed || n >= limit {
 		return
 	}
 	t.Fatalf("%s() refused a %d-byte line (retrieval %v, buffer limit %d): %.80q", call, n, retrieval, limit, rest)

@@ -203,9 +203,15 @@ func TestThousandsOfIdleConnections(t *testing.T) {
 	t.Logf("%d idle connections: %d heap bytes and %d stack bytes each (client and proxy ends together)", n, heapPer, stackPer)
 	// A 1 KiB read buffer and the connection's own state; the 16 KiB
 	// read or reply buffer of a busy connection, held while idle, would
-	// each be more than this bound.
-	if heapPer > 12<<10 {
-		t.Errorf("each idle connection costs %d heap bytes, want at most %d", heapPer, 12<<10)
+	// each be more than this bound. The race detector's own bookkeeping
+	// takes an idle connection from about 6 KiB to about 12 KiB; a held
+	// 16 KiB buffer would still cross the looser bound.
+	bound := int64(12 << 10)
+	if raceEnabled {
+		bound = 20 << 10
+	}
+	if heapPer > bound {
+		t.Errorf("each idle connection costs %d heap bytes, want at most %d", heapPer, bound)
 	}
 
 	fresh := newLineClient(t, addr)

@@ -17,6 +17,24 @@ func (c *conn) validKey(key []byte) bool {
 	return ok
 }
 
+// validMetaKey is validKey for a meta command's key, which in base64
+// (flag b) may hold any bytes once decoded.
+func (c *conn) validMetaKey(m *metaReq) bool {
+	ok, r := c.checkMetaKey(m)
+	if !ok && c.p.keys != nil {
+		c.p.stats.keyRejected[r&7].Add(1)
+	}
+	return ok
+}
+
+// checkMetaKey is validMetaKey without counting a refusal.
+func (c *conn) checkMetaKey(m *metaReq) (bool, keyspace.Reason) {
+	if m.bin && c.p.keys != nil {
+		return c.p.keys.CheckBinary(m.key)
+	}
+	return c.checkKey(m.key)
+}
+
 // checkKey is validKey without counting a refusal: whether the proxy takes
 // key, and with key settings why not.
 func (c *conn) checkKey(key []byte) (bool, keyspace.Reason) {

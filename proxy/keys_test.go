@@ -17,7 +17,7 @@ import (
 
 // keysConfig is the key settings' defaults, as cmd/proxy registers them.
 func keysConfig() *keyspace.Config {
-	return &keyspace.Config{MaxLength: 250, MaxClientLength: 2000, Presets: []string{"all"}}
+	return &keyspace.Config{MaxLength: 250, MaxClientLength: 65536, Presets: []string{"all"}}
 }
 
 // keyspaceConfig is testConfig with the codec and key rewriting on, at the
@@ -211,8 +211,9 @@ func TestKeyOverTheClientMaximumIsRefusedAndTheConnectionStaysUsable(t *testing.
 	up := startMemcached(t)
 	p, addr := startProxy(t, keyspaceConfig(up))
 	lc := newLineClient(t, addr)
-	over := strings.Repeat("k", 2001)
-	atMax := strings.Repeat("m", 2000)
+	maxKey := keysConfig().MaxClientLength
+	over := strings.Repeat("k", maxKey+1)
+	atMax := strings.Repeat("m", maxKey)
 	steps := []struct{ req, want string }{
 		{"set " + over + " 0 0 5\r\nset x\r\n", "CLIENT_ERROR bad command line format\r\n"},
 		{"append " + over + " 0 0 3\r\nabc\r\n", "CLIENT_ERROR bad command line format\r\n"},

@@ -108,6 +108,8 @@ type eventLoops struct {
 	// abandon: Shutdown's grace ran out, and the replies still owed are
 	// not written.
 	abandon atomic.Bool
+	// outMax is --max-client-output-bytes (see output.go).
+	outMax int
 
 	mu    sync.Mutex
 	loops map[gnet.EventLoop]*loopState
@@ -142,6 +144,13 @@ type loopState struct {
 	// the upstream timeout and the latency histograms are coarser.
 	now      time.Time
 	nowTaken bool
+	// tags numbers the loop's slots (loopSlot.tag).
+	tags uint32
+	// What the loop's clients are owed (see output.go): the bytes
+	// charged for replies, and those gnet held when last looked at; the
+	// most at once (peak, for tests; peakSeen, the loop's copy).
+	charged, out, peakSeen int
+	peak                   atomic.Int64
 }
 
 // clock sets now, once per poll.
@@ -172,6 +181,11 @@ type loopClient struct {
 	iov              []syscall.Iovec
 	tls              *loopTLS // the connection's TLS server, with --tls-cert-path
 	kept             []byte   // a copy of at least the bytes gnet holds to write (see keep)
+	// What the client is owed (see output.go): the bytes its slots are
+	// charged, the bytes gnet held for it when last looked at, a key's
+	// share of its replies lately, at most, and the keys of the retrieval
+	// it is held back at (0: none).
+	charged, outSeen, perKey, need int
 	// want is how many bytes the first request buffered needs before it
 	// is parsed again: a storage command whose value is still arriving,
 	// or 0. gnet gathers a long value from many reads, and parsing it
@@ -217,6 +231,12 @@ type loopSlot struct {
 	// What a storage command's write adds to the byte counters once
 	// stored.
 	write loopWrite
+	// tag is the opaque token an incr or decr is sent upstream with, which
+	// its reply must echo (see wire.AppendArith).
+	tag uint32
+	// charge is what the slot is charged against its client's
+	// --max-client-output-bytes (see output.go).
+	charge int
 }
 
 // loopWrite is what a storage command's write adds to the byte counters
@@ -305,10 +325,10 @@ type loopOwner struct {
 	err  error // the failure of the request that last asked for the key
 	// The local tier: immutable says the key's value never changes, so
 	// the tier may keep it, and gen is the count of its write stripe
-	// before it was asked upstream (see Proxy.keep); inTier, that the
-	// tier answered it, from the arena.
+	// before it was last asked upstream, for the tier and a fill (see
+	// writeGuard); inTier, that the tier answered it, from the arena.
 	immutable, inTier bool
-	gen               uint32
+	gen               uint64
 }
 
 // stored returns the value of o's block as memcached holds it.
@@ -335,6 +355,14 @@ type loopReq struct {
 	share  *loopShare
 	// ends marks the last request of one write upstream (a batch).
 	ends bool
+	// expect is the family of the reply to a command of one key.
+	expect wire.Reply
+	// A fill's key, and the count of its write stripe its read noted
+	// (see writeGuard); undo, that a write raced it and it is deleted
+	// again (dropUnfill, whose key it is too).
+	key  []byte
+	gen  uint64
+	undo bool
 }
 
 // loopShare is a chunk that replies are read into (see
@@ -416,6 +444,7 @@ const (
 	dropFill               // a hit of another zone stored into the local one
 	dropAlign              // a write bringing another zone in line
 	dropUndo               // the delete of a copy an add refused elsewhere made
+	dropUnfill             // the delete of a fill that a write raced
 )
 
 // reqQueue is a connection's requests in order: a slice read from head,
@@ -487,7 +516,8 @@ func take[T any](free *[]*T) *T {
 
 func (ls *loopState) slot(lc *loopClient, id int) *loopSlot {
 	s := take(&ls.slots)
-	s.client, s.id, s.began = lc, id, ls.now
+	ls.tags++
+	s.client, s.id, s.began, s.tag = lc, id, ls.now, ls.tags
 	return s
 }
 
@@ -562,7 +592,7 @@ func (ls *loopState) putReq(r *loopReq) {
 	if cap(buf) > loopLineKeep {
 		buf = nil
 	}
-	*r = loopReq{asked: r.asked[:0], buf: buf}
+	*r = loopReq{asked: r.asked[:0], buf: buf, key: r.key[:0]}
 	if len(ls.reqs) < loopFreeMax {
 		ls.reqs = append(ls.reqs, r)
 	}
@@ -590,7 +620,7 @@ func (ls *loopState) putSlot(s *loopSlot) {
 }
 
 func newEventLoops(p *Proxy) (*eventLoops, error) {
-	l := &eventLoops{p: p, stop: make(chan struct{}), done: make(chan struct{}), stopped: make(chan struct{}), loops: make(map[gnet.EventLoop]*loopState)}
+	l := &eventLoops{p: p, stop: make(chan struct{}), done: make(chan struct{}), stopped: make(chan struct{}), loops: make(map[gnet.EventLoop]*loopState), outMax: p.cfg.maxClientOutput()}
 	cli, err := gnet.NewClient(l, gnet.WithMulticore(true), gnet.WithNumEventLoop(p.cfg.EventLoops),
 		gnet.WithTCPNoDelay(gnet.TCPNoDelay), gnet.WithReadBufferCap(loopReadBuffer),
 		gnet.WithLogger(gnetLog{p.log}), gnet.WithLogLevel(logging.ErrorLevel))
@@ -801,7 +831,7 @@ func (ls *loopState) resumeHeld() {
 			lc.inHeld = false // closed, or resumed by the tick
 			continue
 		}
-		if lc.full() {
+		if lc.waits() {
 			ls.held = append(ls.held, lc)
 			continue
 		}
@@ -813,7 +843,8 @@ func (ls *loopState) resumeHeld() {
 }
 
 // hold holds the client's replies and requests back until gnet holds
-// fewer of its replies than loopOutMax.
+// fewer of its replies than loopOutMax, and the retrieval it is held back
+// at, if any, fits (see waits).
 func (lc *loopClient) hold() {
 	lc.held = true
 	if !lc.inHeld {
@@ -823,14 +854,18 @@ func (lc *loopClient) hold() {
 }
 
 // resume writes the replies a client was held back from, and answers the
-// requests held back with them.
+// requests held back with them: once no reply is owed, or, for a client
+// held back for its output limit, as soon as there is room.
 func (lc *loopClient) resume() {
-	lc.held = false
+	room := lc.need > 0
+	lc.held, lc.need = false, 0
 	if len(lc.slots) > 0 {
-		lc.written() // and the requests held back with them
-	} else {
-		lc.processHeld()
+		lc.written() // and, once none is owed, the requests held back with them
+		if !room || len(lc.slots) == 0 || lc.gc == nil || lc.held {
+			return
+		}
 	}
+	lc.processHeld()
 }
 
 // processHeld runs process outside traffic, for requests held back, and
@@ -891,18 +926,22 @@ func (ls *loopState) check() {
 		if lc.kept != nil && lc.gc.OutboundBuffered() == 0 {
 			lc.kept = nil // an idle connection keeps no buffer
 		}
+		lc.noteOut()
 		switch {
 		case lc.moveNow():
 			ls.el.Close(lc.gc)
-		case lc.full():
-			// Its replies wait for it to read those gnet holds.
+		case lc.full() || lc.held && lc.waits() && lc.gc.OutboundBuffered() > 0:
+			// Its replies, or its requests, wait for it to read those
+			// gnet holds.
 			if idle > 0 && now.Sub(lc.last) > idle {
-				p.stats.connsIdleClosed.Add(1)
-				lc.closing = true
-				ls.el.Close(lc.gc)
+				lc.closeIdle()
 			}
 		case lc.held:
-			lc.resume()
+			// Unless its requests wait for replies memcached has yet to
+			// send, which is no idling.
+			if !lc.waits() {
+				lc.resume()
+			}
 		case len(lc.slots) > 0:
 		case p.draining() && !lc.inBlock():
 			// Not while a value is arriving: that request is in flight
@@ -915,9 +954,7 @@ func (ls *loopState) check() {
 		case idle > 0 && now.Sub(lc.last) > idle:
 			// No request completed for that long (bytes that make none
 			// do not count), as on the goroutine path.
-			p.stats.connsIdleClosed.Add(1)
-			lc.closing = true
-			ls.el.Close(lc.gc)
+			lc.closeIdle()
 		}
 	}
 }
@@ -1030,7 +1067,7 @@ func (lc *loopClient) process() {
 	if lc.handoff || lc.inProcess {
 		return
 	}
-	if lc.full() {
+	if lc.waits() {
 		lc.hold()
 		return
 	}
@@ -1175,6 +1212,9 @@ func (lc *loopClient) request(data []byte) (int, bool) {
 	}
 	switch cmd.id {
 	case cmdGet, cmdGets:
+		if lc.outputFull(len(words) - 1) {
+			return 0, true // parsed again once the client has read
+		}
 		return i + 1, lc.retrieve(cmd.id, words[1:])
 	case cmdSet, cmdAdd, cmdReplace, cmdAppend, cmdPrepend, cmdCas:
 		return lc.store(cmd.id, words, data, i+1)
@@ -1230,6 +1270,7 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 	up := p.zones[0].up.Load()
 	ls := lc.ls
 	s := ls.slot(lc, id)
+	lc.charge(s, lc.estimate(len(keys)))
 	need := needTenant
 	if p.tier != nil {
 		need |= needImmutable
@@ -1418,7 +1459,7 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 		tenant.requests.Add(1)
 	}
 	w := loopWrite{tenant: tenant, size: len(value), enveloped: enveloped, logical: a.vlen}
-	lc.command(id, rk.up, a.noreply, w, func(out []byte) []byte {
+	lc.command(id, rk.up, a.noreply, w, func(out []byte, _ uint32) []byte {
 		out = appendStorage(out, storageVerbs[id], string(rk.up), flags, a.exptime, len(value), a.cas, id == cmdCas)
 		out = append(out, value...)
 		return append(out, crlf...)
@@ -1446,8 +1487,9 @@ func (p *Proxy) zoneByZone(id int) bool {
 	return false
 }
 
-// keyVerbs names the commands of one key and no data upstream.
-var keyVerbs = [numCommands]string{cmdDelete: "delete ", cmdTouch: "touch ", cmdIncr: "incr ", cmdDecr: "decr "}
+// keyVerbs names the commands of one key and no data sent upstream as they
+// are; incr and decr go as meta arithmetic (wire.AppendArith).
+var keyVerbs = [numCommands]string{cmdDelete: "delete ", cmdTouch: "touch "}
 
 // keyCommand sends a delete, touch, incr or decr, in the forms memcached
 // takes; any other is left to the goroutine path, which answers it as
@@ -1456,6 +1498,7 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 	key := w[1]
 	noreply := bytes.Equal(w[len(w)-1], noreplyWord)
 	var arg []byte
+	var delta uint64
 	switch id {
 	case cmdDelete:
 		holdZero := len(w) > 2 && bytes.Equal(w[2], []byte("0"))
@@ -1472,16 +1515,19 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 	case cmdIncr, cmdDecr:
 		// The number of an enveloped value is changed by a
 		// read-modify-write, on the goroutine path.
-		if _, ok := wire.ParseUint64(w[2]); !ok || lc.c.envelopes(key, 0) || lc.rewritten(key) {
+		var ok bool
+		if delta, ok = wire.ParseUint64(w[2]); !ok || lc.c.envelopes(key, 0) || lc.rewritten(key) {
 			return false
 		}
-		arg = w[2]
 	}
 	if !lc.validKey(key) {
 		return false
 	}
 	up := lc.c.resolve(key, 0).up
-	lc.command(id, up, noreply, loopWrite{}, func(out []byte) []byte {
+	lc.command(id, up, noreply, loopWrite{}, func(out []byte, tag uint32) []byte {
+		if id == cmdIncr || id == cmdDecr {
+			return wire.AppendArith(out, id == cmdIncr, up, delta, tag)
+		}
 		return appendKeyCommand(out, keyVerbs[id], string(up), arg)
 	})
 	return true
@@ -1491,22 +1537,20 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 // appends, to key's server: with zones, in every zone at once, or zone
 // after zone (see zoneByZone). A request to an ejected server fails at
 // once. A storage command gives what its write counts.
-func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite, build func([]byte) []byte) {
+func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite, build func(out []byte, tag uint32) []byte) {
 	p := lc.c.p
 	s := lc.ls.slot(lc, id)
 	s.noreply, s.write = noreply, w
 	s.ups = append(s.ups[:0], key...)
 	lc.slots = append(lc.slots, s)
 	lc.c.lastCmd.Store(s.began.UnixNano())
-	if p.tier != nil {
-		// The key's entry goes before the write and again once it is
-		// answered (see tierGuard).
-		p.forget(string(key))
-	}
+	// The write is marked, and the key's tier entry dropped, before it
+	// goes upstream and again once it is answered (see writeGuard).
+	p.writingOf(key)
 	if p.zoneByZone(id) {
 		// The request is kept, in the slot's arena, for the next zone.
 		s.pending = 1
-		s.arena = build(s.arena[:0])
+		s.arena = build(s.arena[:0], s.tag)
 		s.tryZone(0)
 		return
 	}
@@ -1515,14 +1559,14 @@ func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite, bui
 	for _, z := range p.zones {
 		u := lc.ls.upstreamOf(z.up.Load(), key)
 		r := lc.ls.req(s)
-		r.store, r.srv = true, u.srv
+		r.store, r.srv, r.expect = true, u.srv, cmdReplies[id]
 		s.reqs = append(s.reqs, r)
 		if !u.admit(r) {
 			continue
 		}
 		if req == nil {
 			start := len(u.out)
-			u.out = build(u.out)
+			u.out = build(u.out, s.tag)
 			req = u.out[start:]
 		} else {
 			u.out = append(u.out, req...) // another server's buffer
@@ -1538,7 +1582,7 @@ func (s *loopSlot) tryZone(z int) {
 	ls := s.client.ls
 	u := ls.upstreamOf(s.client.c.p.zones[z].up.Load(), s.ups)
 	r := ls.req(s)
-	r.store, r.srv = true, u.srv
+	r.store, r.srv, r.expect = true, u.srv, cmdReplies[s.id]
 	s.reqs = append(s.reqs, r)
 	s.zone = z
 	if !u.admit(r) {
@@ -1655,20 +1699,32 @@ func (s *loopSlot) alignZone(z int, req []byte, count bool) {
 	if count {
 		kind = dropAlign
 	}
-	if u.queueDropped(s, kind, z) {
+	if u.queueDropped(s, kind, z, wire.ReplyOf(req)) {
 		u.out = append(u.out, req...)
 	}
 }
 
 // queueDropped queues on u a request whose reply is dropped, of kind
-// drop (about zone), whose bytes the caller appends to u.out. When s is
+// drop (about zone), whose bytes the caller appends to u.out and whose
+// reply is of family expect. When s is
 // not nil, s's reply waits for it. It reports false when the server is
 // ejected: the request failed at once, counted as its kind counts a
 // failure.
-func (u *loopUpstream) queueDropped(s *loopSlot, drop uint8, zone int) bool {
+func (u *loopUpstream) queueDropped(s *loopSlot, drop uint8, zone int, expect wire.Reply) bool {
+	return u.pushDropped(s, u.dropReq(drop, zone, expect))
+}
+
+// dropReq returns a request whose reply is dropped, of kind drop (about
+// zone) whose reply is of family expect, for pushDropped.
+func (u *loopUpstream) dropReq(drop uint8, zone int, expect wire.Reply) *loopReq {
+	r := take(&u.ls.reqs)
+	r.srv, r.store, r.drop, r.zone, r.began, r.expect = u.srv, true, drop, zone, u.ls.now, expect
+	return r
+}
+
+// pushDropped is queueDropped for a request dropReq made.
+func (u *loopUpstream) pushDropped(s *loopSlot, r *loopReq) bool {
 	ls := u.ls
-	r := take(&ls.reqs)
-	r.srv, r.store, r.drop, r.zone, r.began = u.srv, true, drop, zone, ls.now
 	if err := u.srv.Admit(); err != nil {
 		u.srv.Observe(ls.now, err)
 		ls.l.p.countDropped(r, nil, err)
@@ -1840,13 +1896,21 @@ func (p *Proxy) countDropped(r *loopReq, reply []byte, err error) {
 			p.stats.codecDeleted.Add(1)
 		}
 	case dropFill:
+		result := fillNotStored
 		switch {
 		case err != nil:
-			p.fills[fillFailed].Add(1)
+			result = fillFailed
 		case bytes.Equal(reply, replyStored):
-			p.fills[fillStored].Add(1)
-		default:
-			p.fills[fillNotStored].Add(1)
+			result = fillStored
+		}
+		if mayHaveStored(result) && p.wroteSinceOf(r.key, r.gen) {
+			r.undo, result = true, fillDropped // see dropped
+		}
+		p.fills[result].Add(1)
+	case dropUnfill:
+		p.wroteOf(r.key)
+		if err == nil && isServerError(reply) {
+			r.srv.CountServerError()
 		}
 	case dropAlign, dropUndo:
 		if err == nil && isServerError(reply) {
@@ -1859,9 +1923,12 @@ func (p *Proxy) countDropped(r *loopReq, reply []byte, err error) {
 }
 
 // dropped gives back a request whose reply nobody reads, and lets the
-// reply it held back go.
+// reply it held back go. A fill that a write raced is deleted again.
 func (u *loopUpstream) dropped(r *loopReq) {
 	s := r.slot
+	if r.undo {
+		u.unfill(r.key)
+	}
 	u.ls.putReq(r)
 	if s != nil {
 		s.release()
@@ -1896,23 +1963,18 @@ func (u *loopUpstream) replies() {
 		n, whole, bad := u.scan.feed(data[off:], r)
 		u.adopt()
 		off += n
-		if bad {
-			u.abort(errLoopProtocol)
+		if bad != nil {
+			u.outOfStep(bad)
 			return
 		}
 		if !whole {
 			break
 		}
 		reply, vals := u.scan.acc, u.scan.vals
-		var err error
-		if !r.store && !r.meta && !bytes.HasSuffix(reply, replyEnd) {
-			// A retrieval answered by one line other than END: memcached's
-			// own error, whose keys are misses, or a reply out of step.
-			if !bytes.HasPrefix(reply, []byte("SERVER_ERROR ")) && !bytes.HasPrefix(reply, []byte("CLIENT_ERROR ")) {
-				u.abort(errLoopProtocol)
-				return
-			}
-			err = fmt.Errorf("get: memcached replied: %q", reply)
+		reply, err, bad := u.checkReply(r, reply, vals)
+		if bad != nil {
+			u.outOfStep(bad)
+			return
 		}
 		u.q.pop()
 		u.sent--
@@ -2079,8 +2141,6 @@ func (u *loopUpstream) room() []byte {
 	return acc[len(acc) : len(acc)+n]
 }
 
-var errLoopProtocol = errors.New("upstream reply out of step")
-
 // answerJoined answers the requests that shared one get line (or the one
 // that had a line of its own) from its reply, whose VALUE lines are vals,
 // in chunk sh, which holds a reference for each of them: memcached
@@ -2149,6 +2209,7 @@ func (s *loopSlot) finish() {
 	// item, which the reply waits for.
 	s.pending = 1
 	s.answer()
+	s.client.made(s)
 	// Only what the client got as a hit is filled: answer made a refused
 	// envelope a miss. The fill goes upstream in OnPollEnd, after the
 	// client's reply is written: it costs the client no time.
@@ -2199,9 +2260,7 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 			reply = s.addHeld(reply)
 		}
 	}
-	if p.tier != nil {
-		p.forget(string(s.ups))
-	}
+	p.wroteOf(s.ups)
 	if err != nil {
 		line, oc := upstreamReply(err)
 		st.record(s.id, oc)
@@ -2301,8 +2360,10 @@ func (s *loopSlot) askNextZone() bool {
 		if o.first != 0 || o.block != nil || o.inTier {
 			continue
 		}
-		reqUps = s.group(reqUps, start, ls.upstreamOf(up, s.upKey(i)), i)
+		key := s.upKey(i)
+		reqUps = s.group(reqUps, start, ls.upstreamOf(up, key), i)
 		o.zone, o.err = z, nil
+		o.gen = p.writeCountOf(key) // for its fill
 	}
 	if len(reqUps) == 0 {
 		return false
@@ -2338,7 +2399,9 @@ func (s *loopSlot) countZoneReads() {
 // fill stores the hits that other zones answered into the local zone, as
 // memcached holds them (envelopes included), with an add and their
 // remaining time to live: a value the local zone got meanwhile is newer,
-// and stays. The adds go out in OnPollEnd.
+// and stays. The adds go out in OnPollEnd. A fill that a write to its key
+// through the sidecar raced is not sent, or deleted again (see
+// writeGuard).
 func (s *loopSlot) fill() {
 	p := s.client.c.p
 	if s.zone == 0 || !p.cfg.ZoneFill {
@@ -2352,8 +2415,14 @@ func (s *loopSlot) fill() {
 			continue // a key gone in under a second is not worth it
 		}
 		key := s.upKey(i)
+		if p.wroteSinceOf(key, o.gen) {
+			p.fills[fillDropped].Add(1)
+			continue
+		}
 		u := ls.upstreamOf(up, key)
-		if !u.queueDropped(nil, dropFill, 0) {
+		r := u.dropReq(dropFill, 0, wire.ReplyStorage)
+		r.key, r.gen = append(r.key, key...), o.gen
+		if !u.pushDropped(nil, r) {
 			continue
 		}
 		u.out = appendStorage(u.out, "add", string(key), o.flags, int32(wire.ExptimeOf(o.ttl)), o.size, 0, false)
@@ -2476,7 +2545,7 @@ func (s *loopSlot) inArena(o *loopOwner, key []byte, flags uint32, v []byte, cas
 func (s *loopSlot) deleteCorrupt(zone int, key []byte) {
 	lc := s.client
 	u := lc.ls.upstreamOf(lc.c.p.zones[zone].up.Load(), key)
-	if !u.queueDropped(s, dropCorrupt, zone) {
+	if !u.queueDropped(s, dropCorrupt, zone, wire.ReplyDelete) {
 		return // its server is ejected
 	}
 	u.out = append(u.out, "delete "...)
@@ -2512,6 +2581,7 @@ func (lc *loopClient) written() {
 		if !s.noreply && lc.gc != nil && !lc.ls.l.abandon.Load() {
 			rest = lc.send(s.out)
 		}
+		lc.charge(s, 0) // given to the socket, to gnet, or to the goroutine path
 		if lc.hand != nil && !s.noreply && len(rest) > 0 {
 			rest = slices.Clone(rest)
 			lc.ls.detach(s, rest)
@@ -2523,6 +2593,7 @@ func (lc *loopClient) written() {
 		n++
 	}
 	lc.writing = false
+	lc.noteOut()
 	if n == 0 {
 		return
 	}
@@ -2639,8 +2710,8 @@ func (r *replyScan) inPlace(data []byte) bool {
 }
 
 // feed takes bytes of req's reply from data. It returns how many it took,
-// whether the reply is whole, and whether it breaks the protocol.
-func (r *replyScan) feed(data []byte, req *loopReq) (took int, whole, bad bool) {
+// whether the reply is whole, and, when it breaks the protocol, why.
+func (r *replyScan) feed(data []byte, req *loopReq) (took int, whole bool, bad *upstream.OutOfStepError) {
 	retrieval := !req.store
 	for took < len(data) {
 		if r.need > 0 {
@@ -2652,15 +2723,18 @@ func (r *replyScan) feed(data []byte, req *loopReq) (took int, whole, bad bool) 
 			}
 			took += n
 			if r.need -= n; r.need > 0 {
-				return took, false, false
+				return took, false, nil
 			}
 			if !bytes.HasSuffix(r.acc, crlf) {
-				return took, false, true
+				return took, false, upstream.OutOfStep(upstream.ReasonMalformed, r.acc[len(r.acc)-2:])
 			}
 			r.line = len(r.acc)
+			if req.store {
+				return took, true, nil // an incr's number
+			}
 			if req.meta {
 				if r.mg++; r.mg == len(req.asked) {
-					return took, true, false
+					return took, true, nil
 				}
 			}
 			continue
@@ -2668,41 +2742,53 @@ func (r *replyScan) feed(data []byte, req *loopReq) (took int, whole, bad bool) 
 		i := bytes.IndexByte(data[took:], '\n')
 		if i < 0 {
 			r.acc = append(r.acc, data[took:]...)
-			return len(data), false, len(r.acc)-r.line > lineLimit
+			if len(r.acc)-r.line > lineLimit {
+				return len(data), false, upstream.OutOfStep(upstream.ReasonMalformed, r.acc[r.line:])
+			}
+			return len(data), false, nil
 		}
 		r.acc = append(r.acc, data[took:took+i+1]...)
 		took += i + 1
 		line := r.acc[r.line:]
 		if len(line) > lineLimit {
-			return took, false, true // no reply line is this long
+			return took, false, upstream.OutOfStep(upstream.ReasonMalformed, line) // no reply line is this long
 		}
 		if req.meta {
 			if bytes.HasPrefix(line, metaValue) {
 				size, _, err := upstream.ParseMetaValue(line)
 				if err != nil {
-					return took, false, true
+					return took, false, upstream.OutOfStep(upstream.ReasonMalformed, line)
 				}
 				r.need = size + 2
 				continue
 			}
 			// EN, or an error line for one key.
+			if !wire.ReplyMetaGet.Fits(line) {
+				return took, false, outOfStepAt(line)
+			}
 			r.line = len(r.acc)
 			if r.mg++; r.mg == len(req.asked) {
-				return took, true, false
+				return took, true, nil
 			}
 			continue
 		}
+		if req.expect == wire.ReplyMetaArith {
+			if n, ok := wire.ArithLine(line); ok {
+				r.need = n // the number follows
+				continue
+			}
+		}
 		if !retrieval || !bytes.HasPrefix(line, replyValue) {
-			return took, true, false
+			return took, true, nil
 		}
 		v, ok := wire.ParseValue(line)
 		if !ok || v.Size > upstream.MaxValueLen {
-			return took, false, true
+			return took, false, upstream.OutOfStep(upstream.ReasonMalformed, line)
 		}
 		r.vals = append(r.vals, valueAt{at: r.line, line: len(line), key: len(v.Key), flags: v.Flags, size: v.Size, cas: v.CAS, hasCAS: v.HasCAS})
 		r.need = v.Size + 2
 	}
-	return took, false, false
+	return took, false, nil
 }
 
 // closed ends a client on its loop. A connection that asked for a command
@@ -2714,6 +2800,7 @@ func (lc *loopClient) closed(err error) {
 	c := lc.c
 	delete(lc.ls.clients, lc)
 	defer lc.dropPend() // once its bytes are handed over
+	defer lc.noteOut()  // none: gnet drops them, or they are handed over
 	gc := lc.gc
 	kept := lc.kept
 	lc.kept = nil
@@ -2782,6 +2869,7 @@ func (lc *loopClient) closed(err error) {
 		if err == nil && h.tail != nil {
 			if err = h.writeTail(nc, l.stopped, c.p.cfg.IdleTimeout); errors.Is(err, os.ErrDeadlineExceeded) {
 				c.p.stats.connsIdleClosed.Add(1)
+				c.p.stats.connsOutputClosed.Add(1)
 			}
 		}
 		if err != nil {
@@ -3020,10 +3108,12 @@ func (lc *loopClient) put(bufs [][]byte, copyMax int) (n int, rest [][]byte, ok 
 // holds back (see full), or whose connection moves to a goroutine, keeps
 // its replies' bytes, not the chunks they share with everyone else's.
 // Each upstream reply is copied once, so a value that the reply names
-// many times (a key repeated in one get) is still held once.
+// many times (a key repeated in one get) is still held once; and a reply
+// that has a chunk to itself, at least half full, is not copied at all:
+// the slot keeps the chunk, which nothing else reads into.
 func (ls *loopState) detach(s *loopSlot, out [][]byte) {
 	for _, r := range s.reqs {
-		if r.share == nil {
+		if r.share == nil || r.share.refs == 1 && 2*len(r.buf) >= cap(r.share.buf) {
 			continue
 		}
 		b := slices.Clone(r.buf)

@@ -220,14 +220,15 @@ func FuzzLoopReplyScan(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte, kind, keys, step uint8) {
 		req := &loopReq{store: kind%3 == 0, meta: kind%3 == 2, asked: make([]int, int(keys%8)+1)}
 		var whole replyScan
-		n1, done1, bad1 := whole.feed(data, req)
+		n1, done1, badAt := whole.feed(data, req)
+		bad1 := badAt != nil
 		var parts replyScan
 		n2, done2, bad2 := 0, false, false
 		size := int(step%16) + 1
 		for n2 < len(data) && !done2 && !bad2 {
 			end := min(n2+size, len(data))
-			var took int
-			took, done2, bad2 = parts.feed(data[n2:end], req)
+			took, done, badAt := parts.feed(data[n2:end], req)
+			done2, bad2 = done, badAt != nil
 			n2 += took
 			if took < end-(n2-took) && !done2 && !bad2 {
 				t.Fatalf("took %d of a %d-byte piece without finishing", took, end-(n2-took))
@@ -1381,7 +1382,7 @@ func TestReplyScanReadsLongValuesInPlace(t *testing.T) {
 			}
 			if data := read([]byte(head), tc.place); len(data) != len(head) {
 				t.Fatalf("room of %d bytes for a header of %d", len(data), len(head))
-			} else if n, whole, bad := r.feed(data, req); n != len(head) || whole || bad {
+			} else if n, whole, bad := r.feed(data, req); n != len(head) || whole || bad != nil {
 				t.Fatalf("header: took %d, whole %v, bad %v", n, whole, bad)
 			}
 			rest := append(slices.Clone(value), "\r\n"...)
@@ -1401,14 +1402,14 @@ func TestReplyScanReadsLongValuesInPlace(t *testing.T) {
 				if len(data) != n {
 					t.Fatalf("read %d: room of %d bytes for %d", i, len(data), n)
 				}
-				if got, whole, bad := r.feed(data, req); got != n || whole || bad {
+				if got, whole, bad := r.feed(data, req); got != n || whole || bad != nil {
 					t.Fatalf("read %d: took %d of %d, whole %v, bad %v", i, got, n, whole, bad)
 				}
 				u.adopt()
 				rest = rest[n:]
 			}
 			array := &r.acc[0]
-			if n, whole, bad := r.feed(read([]byte("END\r\n"), tc.place), req); n != 5 || !whole || bad {
+			if n, whole, bad := r.feed(read([]byte("END\r\n"), tc.place), req); n != 5 || !whole || bad != nil {
 				t.Fatalf("END: took %d, whole %v, bad %v", n, whole, bad)
 			}
 			if tc.place && &r.acc[0] != array {

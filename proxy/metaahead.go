@@ -217,7 +217,7 @@ func (c *conn) readAhead(k string, srv *upstream.Server) {
 		}
 		m := &a.req
 		parseMeta(m, words, c.p.keys == nil)
-		if ok, _ := c.checkKey(m.key); !aheadable(m) || !ok {
+		if ok, _ := c.checkMetaKey(m); !aheadable(m) || !ok {
 			break
 		}
 		m.rk = c.lookup(m.key, needTenant)

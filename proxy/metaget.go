@@ -55,8 +55,10 @@ func (c *conn) metaRead(k string) (line []byte, call *upstream.Call, srv *upstre
 // as fillLocal does for get: with an add, so a value the local zone got
 // meanwhile stays, with the bytes and flags memcached holds (envelope
 // included) and the item's remaining time to live, or a touch's new one.
-// The client's reply is written first.
-func (c *conn) metaFill(k string, m *metaReq, r *metaReply, stored []byte, storedFlags uint32) {
+// The client's reply is written first. A fill that a write through the
+// sidecar raced, since the read noted k's write count as noted, is not
+// sent, or deleted again (see writeGuard).
+func (c *conn) metaFill(k string, m *metaReq, r *metaReply, stored []byte, storedFlags uint32, noted uint64) {
 	var exptime int64
 	switch tok, _ := r.flag('t'); {
 	case m.hasTTL:
@@ -68,6 +70,10 @@ func (c *conn) metaFill(k string, m *metaReq, r *metaReply, stored []byte, store
 			return // gone in under a second: not worth it
 		}
 		exptime = wire.ExptimeOf(int32(ttl))
+	}
+	if c.p.wroteSince(k, noted) {
+		c.p.fills[fillDropped].Add(1)
+		return
 	}
 	c.flush()
 	req := append(c.alignReq[:0], "ms "...)
@@ -86,14 +92,19 @@ func (c *conn) metaFill(k string, m *metaReq, r *metaReply, stored []byte, store
 	c.alignReq = append(req, " ME\r\n"...)
 	zc := &c.zs[0]
 	line, err := sendOn(zc.cmd, zc.up.Servers[zc.up.Pick(k, c.p.cfg.EjectRehash)], c.alignReq, stored)
+	result := fillNotStored
 	switch {
 	case err != nil:
-		c.p.fills[fillFailed].Add(1)
+		result = fillFailed
 	case bytes.HasPrefix(line, metaCodeStored):
-		c.p.fills[fillStored].Add(1)
-	default:
-		c.p.fills[fillNotStored].Add(1)
+		result = fillStored
 	}
+	if mayHaveStored(result) && c.p.wroteSince(k, noted) {
+		c.alignReq = append(appendMetaHead(c.alignReq[:0], "md ", k, m.wireBin), crlf...)
+		c.unfill(k, c.alignReq)
+		result = fillDropped
+	}
+	c.p.fills[result].Add(1)
 }
 
 // metaGet answers mg. It asks upstream for the value and flags whenever
@@ -113,9 +124,14 @@ func (c *conn) metaGet(w [][]byte) error {
 	// A hit from another zone is filled into the local one: that needs
 	// its bytes, flags and time to live.
 	filling := c.zs != nil && c.p.cfg.ZoneFill
+	var noted uint64 // k's write count, for the fill (see writeGuard)
+	if filling {
+		noted = c.p.writeCount(k)
+	}
 	if m.hasTTL {
-		c.forget(k) // a touch: the local tier's entry would outlive it
-		defer c.forget(k)
+		c.writing(k) // a touch: the local tier's entry would outlive it
+		defer c.wrote(k)
+		noted = ownWrite(noted) // which is no reason to drop the fill
 	}
 	// With zones, N creates the item only once no zone has it: the
 	// zones are asked without it first, as a write is never decided by
@@ -223,7 +239,7 @@ func (c *conn) metaGet(w [][]byte) error {
 		c.wr.Write(crlf)
 	}
 	if from > 0 && filling {
-		c.metaFill(k, m, r, stored, storedFlags)
+		c.metaFill(k, m, r, stored, storedFlags, noted)
 	}
 	if m.hasTTL && c.zs != nil && c.p.cfg.ZoneWrites != zoneWritesLocal {
 		// The other zones get the new time to live, as for gat (see

@@ -146,7 +146,7 @@ func metaOutcome(code []byte, ok outcome) outcome {
 // holdable is false for a key no server can hold as it is (only without
 // key settings: control bytes), unless it goes upstream in base64.
 func (c *conn) metaKey(id int, m *metaReq) (k string, bound, holdable, ok bool) {
-	if !c.validKey(m.key) {
+	if !c.validMetaKey(m) {
 		c.clientError(id, replyBadFormat)
 		return "", false, false, false
 	}

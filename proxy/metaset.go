@@ -14,7 +14,7 @@ import (
 func (c *conn) metaSet(w [][]byte) error {
 	st := c.p.stats
 	m := c.readMeta(w)
-	keyOK := m.err != nil || c.validKey(m.key)
+	keyOK := m.err != nil || c.validMetaKey(m)
 	if m.err == nil && keyOK && c.awaitBlock(m.vlen+2) {
 		return errNeedMore
 	}

@@ -22,12 +22,14 @@ type collector struct {
 	accepted    *prometheus.Desc
 	refusedConn *prometheus.Desc
 	idleClosed  *prometheus.Desc
+	outClosed   *prometheus.Desc
 	handedOver  *prometheus.Desc
 	bytesIn     *prometheus.Desc
 	bytesOut    *prometheus.Desc
 	keys        *prometheus.Desc
 	upRequests  *prometheus.Desc
 	upErrors    *prometheus.Desc
+	upOutOfStep *prometheus.Desc
 	upServers   *prometheus.Desc
 	upGets      *prometheus.Desc
 	upGetKeys   *prometheus.Desc
@@ -63,12 +65,14 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 		accepted:    prometheus.NewDesc(ns+"_client_connections_accepted_total", "Client connections accepted.", nil, nil),
 		refusedConn: prometheus.NewDesc(ns+"_client_connections_refused_total", "Client connections closed at accept because the proxy was at --max-connections.", nil, nil),
 		idleClosed:  prometheus.NewDesc(ns+"_client_connections_idle_closed_total", "Client connections closed after --idle-timeout without a complete request.", nil, nil),
+		outClosed:   prometheus.NewDesc(ns+"_client_output_limit_closed_total", "Client connections closed after --idle-timeout with replies they had not read waiting in the proxy: held by an event loop (at --max-client-output-bytes, or for a socket that took no more), or in a write that did not finish on the goroutine path. Counted in the idle closes too.", nil, nil),
 		handedOver:  prometheus.NewDesc(ns+"_client_connections_handed_over_total", "Client connections moved from an event loop to the goroutine path: at the first command the loop does not answer, at a reply too long to copy, at a half-close with replies owed, or with too many requests it cannot answer yet.", nil, nil),
 		bytesIn:     prometheus.NewDesc(ns+"_client_read_bytes_total", "Bytes read from clients.", nil, nil),
 		bytesOut:    prometheus.NewDesc(ns+"_client_written_bytes_total", "Bytes written to clients.", nil, nil),
 		keys:        prometheus.NewDesc(ns+"_retrieved_keys_total", "Keys asked for by retrieval commands, by result.", []string{"result"}, nil),
 		upRequests:  prometheus.NewDesc(ns+"_upstream_requests_total", "Requests sent to upstream servers, by server; a batch of requests of many clients, written together, counts once.", []string{"server"}, nil),
 		upErrors:    prometheus.NewDesc(ns+"_upstream_errors_total", "Upstream requests that failed, by server and kind: connect, timeout, connection (broken), server_error, protocol, ejected (not sent: the server is ejected).", []string{"server", "kind"}, nil),
+		upOutOfStep: prometheus.NewDesc(ns+"_upstream_protocol_errors_total", "Upstream connections closed because a reply did not answer the request in its place, by server and reason: out_of_memory (memcached's out-of-memory error, after which it may drop replies owed), unexpected_reply, unasked_key, malformed. Every request pending on such a connection failed; no client read a byte after the mismatch.", []string{"server", "reason"}, nil),
 		upServers:   prometheus.NewDesc(ns+"_upstream_servers", "Upstream memcached servers in the current set (after DNS discovery).", nil, nil),
 		upGets:      prometheus.NewDesc(ns+"_upstream_gets_total", "Get requests sent upstream; concurrent client gets are coalesced into one.", nil, nil),
 		upGetKeys:   prometheus.NewDesc(ns+"_upstream_get_keys_total", "Keys in the get requests sent upstream.", nil, nil),
@@ -83,7 +87,7 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 		unbound:     prometheus.NewDesc(ns+"_key_unbound_items_total", "Items read under a rewritten key that were not an envelope (another client's value at an equal key), served as a miss.", nil, nil),
 		zoneReads:   prometheus.NewDesc(ns+"_zone_reads_total", "Keys of retrievals asked of each zone, by result: hit, miss or error (its server failed or is ejected). A key asked of the local zone (local=\"true\") that it does not answer is asked of the next zone.", []string{"zone", "local", "result"}, nil),
 		zoneBytes:   prometheus.NewDesc(ns+"_zone_read_bytes_total", "Bytes of the values of hits read from each zone, as memcached holds them; the share from zones with local=\"false\" crossed a zone boundary.", []string{"zone", "local"}, nil),
-		zoneFills:   prometheus.NewDesc(ns+"_zone_fills_total", "Hits from another zone stored into the local zone (--zone-fill), by result: stored, not_stored (the local zone already had the key) or failed.", []string{"result"}, nil),
+		zoneFills:   prometheus.NewDesc(ns+"_zone_fills_total", "Hits from another zone stored into the local zone (--zone-fill), by result: stored, not_stored (the local zone already had the key), failed, or dropped (a write to the key through the sidecar raced it: not sent, or deleted again).", []string{"result"}, nil),
 		zoneWrites:  prometheus.NewDesc(ns+"_zone_write_failures_total", "Writes (storage commands, delete, touch, flush_all, and the sets and deletes that bring other zones in line) that failed in a zone, by zone.", []string{"zone"}, nil),
 		tierReads:   prometheus.NewDesc(ns+"_local_cache_reads_total", "Keys of get requests whose value never changes, looked up in the local tier, by result: hit (answered by the sidecar, no upstream request) or miss.", []string{"result"}, nil),
 		tierEvicted: prometheus.NewDesc(ns+"_local_cache_evictions_total", "Entries the local tier dropped to stay within --local-cache-size.", nil, nil),
@@ -96,8 +100,8 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 }
 
 func (m *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.requests, m.connections, m.accepted, m.refusedConn, m.idleClosed, m.bytesIn, m.bytesOut, m.keys,
-		m.upRequests, m.upErrors, m.upServers, m.upGets, m.upGetKeys, m.refused, m.deleted, m.logical, m.stored,
+	for _, d := range []*prometheus.Desc{m.requests, m.connections, m.accepted, m.refusedConn, m.idleClosed, m.outClosed, m.bytesIn, m.bytesOut, m.keys,
+		m.upRequests, m.upErrors, m.upOutOfStep, m.upServers, m.upGets, m.upGetKeys, m.refused, m.deleted, m.logical, m.stored,
 		m.readLogical, m.readStored, m.rewrites, m.rejected, m.unbound, m.zoneReads, m.zoneBytes, m.zoneFills, m.zoneWrites,
 		m.tierReads, m.tierEvicted, m.tierMutable, m.tierBytes, m.tierEntries, m.tierLimit} {
 		ch <- d
@@ -124,6 +128,7 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(m.accepted, uint64(s.totalConns.Load()))
 	counter(m.refusedConn, s.connsRefused.Load())
 	counter(m.idleClosed, s.connsIdleClosed.Load())
+	counter(m.outClosed, s.connsOutputClosed.Load())
 	counter(m.handedOver, s.connsHandedOver.Load())
 	counter(m.bytesIn, s.bytesRead.Load())
 	counter(m.bytesOut, s.bytesWritten.Load())
@@ -133,6 +138,9 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(m.upRequests, srv.Requests(), srv.Name())
 		for k := upstream.KindNone + 1; k < upstream.NumKinds; k++ {
 			counter(m.upErrors, srv.Errors(k), srv.Name(), k.String())
+		}
+		for r := range upstream.NumReasons {
+			counter(m.upOutOfStep, srv.ProtocolErrors(r), srv.Name(), r.String())
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(m.upServers, prometheus.GaugeValue, float64(len(servers)))

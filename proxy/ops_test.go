@@ -160,20 +160,26 @@ mcsidecar_client_connections_refused_total 2
 }
 
 // tenantsExposition is the three per-tenant families for the given
-// tenants, each as "requests/hits/bytes".
-func tenantsExposition(rows map[string][3]int) string {
+// tenants, each as "requests/hits/bytes", and the count of tenants folded
+// into other.
+func tenantsExposition(rows map[string][3]int, folded int) string {
 	var b strings.Builder
 	for i, fam := range []struct{ name, help string }{
 		{"mcsidecar_tenant_requests_total", "Keys asked for or stored, by the tenant their key scheme names."},
 		{"mcsidecar_tenant_hits_total", "Keys asked for and found, by tenant."},
 		{"mcsidecar_tenant_written_bytes_total", "Bytes of values stored upstream (as memcached holds them), by tenant."},
 	} {
-		b.WriteString("# HELP " + fam.name + " " + fam.help + " The busiest --metrics-tenants tenants have their own series, the rest are counted as tenant=\"other\".\n")
+		b.WriteString("# HELP " + fam.name + " " + fam.help + " The busiest --metrics-tenants tenants have their own series, the rest are counted as tenant=\"other\";" +
+			" a tenant ID over 150 bytes, not valid UTF-8, holding '~' or named other is labelled with its first bytes, '~' and 12 hex digits of its SHA-256.\n")
 		b.WriteString("# TYPE " + fam.name + " counter\n")
 		for tenant, r := range rows {
 			b.WriteString(fam.name + "{tenant=\"" + tenant + "\"} " + strconv.Itoa(r[i]) + "\n")
 		}
 	}
+	b.WriteString("# HELP mcsidecar_tenants_folded_total Tenants whose series were folded into tenant=\"other\": at a scrape, a tenant with a series of its own" +
+		" that made fewer requests since the previous scrape than a tenant without one gives it its place, and its totals are added to other.\n")
+	b.WriteString("# TYPE mcsidecar_tenants_folded_total counter\n")
+	b.WriteString("mcsidecar_tenants_folded_total " + strconv.Itoa(folded) + "\n")
 	return b.String()
 }
 
@@ -183,7 +189,7 @@ func TestPerTenantMetricsKeepTheBusiestTenants(t *testing.T) {
 	p, addr := startProxy(t, cfg)
 	reg := registry(t, p)
 	key := func(tenant string) string { return "S:" + tenant + ":" + testBlock + ":1" }
-	families := []string{"mcsidecar_tenant_requests_total", "mcsidecar_tenant_hits_total", "mcsidecar_tenant_written_bytes_total"}
+	families := []string{"mcsidecar_tenant_requests_total", "mcsidecar_tenant_hits_total", "mcsidecar_tenant_written_bytes_total", "mcsidecar_tenants_folded_total"}
 	c := newLineClient(t, addr)
 	do := func(req, want string) {
 		t.Helper()
@@ -198,7 +204,7 @@ func TestPerTenantMetricsKeepTheBusiestTenants(t *testing.T) {
 	do("get P:"+testBlock+":"+testHash43+"\r\n", "END\r\n") // Thanos: no tenant
 
 	t.Run("the first tenants take the slots, the next counts as other", func(t *testing.T) {
-		want := tenantsExposition(map[string][3]int{"team-a": {2, 1, 5}, "team-b": {1, 0, 0}, "other": {1, 0, 0}})
+		want := tenantsExposition(map[string][3]int{"team-a": {2, 1, 5}, "team-b": {1, 0, 0}, "other": {1, 0, 0}}, 0)
 		if err := testutil.GatherAndCompare(reg, strings.NewReader(want), families...); err != nil {
 			t.Error(err)
 		}
@@ -210,13 +216,13 @@ func TestPerTenantMetricsKeepTheBusiestTenants(t *testing.T) {
 		do("get "+key("team-b")+"\r\n", "END\r\n")
 	}
 	t.Run("a busier tenant is still other until the scrape", func(t *testing.T) {
-		want := tenantsExposition(map[string][3]int{"team-a": {2, 1, 5}, "team-b": {3, 0, 0}, "other": {6, 0, 0}})
+		want := tenantsExposition(map[string][3]int{"team-a": {2, 1, 5}, "team-b": {3, 0, 0}, "other": {6, 0, 0}}, 0)
 		if err := testutil.GatherAndCompare(reg, strings.NewReader(want), families...); err != nil {
 			t.Error(err)
 		}
 	})
-	t.Run("then takes the quietest tenant's slot, whose totals fold into other", func(t *testing.T) {
-		want := tenantsExposition(map[string][3]int{"team-b": {3, 0, 0}, "team-c": {0, 0, 0}, "other": {8, 1, 5}})
+	t.Run("then takes the quietest tenant's slot, whose totals fold into other, and is counted", func(t *testing.T) {
+		want := tenantsExposition(map[string][3]int{"team-b": {3, 0, 0}, "team-c": {0, 0, 0}, "other": {8, 1, 5}}, 1)
 		if err := testutil.GatherAndCompare(reg, strings.NewReader(want), families...); err != nil {
 			t.Error(err)
 		}

@@ -40,8 +40,12 @@ type Proxy struct {
 	tenants   *tenantTable // nil: no per-tenant view
 	codec     *codec.Codec // nil: no value is enveloped
 	tier      *tier.Cache  // nil: no local tier
-	tierGuard tierGuard
+	guard     writeGuard
+	guarding  bool               // guards(): writes are counted
 	keys      *keyspace.Keyspace // nil: keys are not rewritten
+	// keyLine is the longest a line that names a key may run without a
+	// newline (see keyedLineMax).
+	keyLine int
 	// schemeIndex numbers keys.SchemeNames() for the rewrite counters.
 	schemeIndex map[string]int
 	tls         *tls.Config // nil: clients speak plain TCP
@@ -100,6 +104,10 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 		conns:   make(map[*conn]struct{}),
 	}
 	p.stats.log = log
+	p.keyLine = lineLimit
+	if ks != nil {
+		p.keyLine = keyedLineMax(ks.MaxClientLength())
+	}
 	if cfg.LocalCacheSize > 0 {
 		p.tier = tier.New(int64(cfg.LocalCacheSize))
 		p.stats.tier = p.tier
@@ -139,6 +147,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 		z.up.Store(up)
 		p.zones = append(p.zones, z)
 	}
+	p.guarding = p.guards()
 	p.startDiscovery()
 	return p, nil
 }

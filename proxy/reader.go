@@ -44,12 +44,16 @@ type reader struct {
 	small []byte // the buffer read into while parked; nil: never parks
 	// full carries a full-size buffer in and out of readBuffers; it is
 	// kept with the reader between uses so parking allocates nothing.
-	full  *[]byte
-	r, w  int
-	size  int          // the buffer's usual size
-	max   int          // largest buffer a long retrieval line may grow to
-	flush func() error // called before a read that may block
-	err   error        // sticky read error
+	full *[]byte
+	r, w int
+	size int // the buffer's usual size
+	max  int // largest buffer a long retrieval line may grow to
+	// keyLine is the longest line a command that names a key may run to
+	// without a newline: memcached's framing limit plus the longest key a
+	// client may send (see keyedLineMax).
+	keyLine int
+	flush   func() error // called before a read that may block
+	err     error        // sticky read error
 
 	// want is how many bytes, from r, the request being framed needs
 	// before it can run: its line and its whole data block. 0: none.
@@ -69,8 +73,8 @@ type reader struct {
 	primed bool
 }
 
-func newReader(src io.Reader, size, max int, flush func() error) *reader {
-	rd := &reader{src: src, size: size, max: max, flush: flush}
+func newReader(src io.Reader, size, max, keyLine int, flush func() error) *reader {
+	rd := &reader{src: src, size: size, max: max, keyLine: keyLine, flush: flush}
 	// Smaller buffers, which only tests use, park into half their size.
 	if idle := min(idleReadSize, size/2); idle > 0 {
 		rd.small = make([]byte, idle)
@@ -129,7 +133,7 @@ func (rd *reader) line() ([]byte, error) {
 	data := rd.buf[rd.r:rd.w]
 	i := bytes.IndexByte(data, '\n')
 	if i < 0 {
-		if len(data) > lineLimit && !isRetrievalPrefix(data) {
+		if len(data) > lineLimit && !isRetrievalPrefix(data) && (len(data) > rd.keyLine || !isKeyedPrefix(data)) {
 			return nil, errLineTooLong
 		}
 		if len(data) == len(rd.buf) && len(rd.buf) >= rd.max {
@@ -162,6 +166,36 @@ func isRetrievalPrefix(data []byte) bool {
 	rest := data[i:]
 	return bytes.HasPrefix(rest, []byte("get ")) || bytes.HasPrefix(rest, []byte("gets "))
 }
+
+// keyedCommands are the commands whose first argument, or for gat and
+// gats second, is a key.
+var keyedCommands = [...]string{"set", "add", "replace", "append", "prepend", "cas",
+	"delete", "touch", "incr", "decr", "gat", "gats", "mg", "ms", "md", "ma", "me"}
+
+// isKeyedPrefix reports whether an unterminated line is one of
+// keyedCommands, which may run past the framing limit by the length of a
+// key: a federated query's results key lists every tenant, tens of KB.
+func isKeyedPrefix(data []byte) bool {
+	i := 0
+	for i < len(data) && data[i] == ' ' {
+		i++
+	}
+	if i > 100 {
+		return false
+	}
+	rest := data[i:]
+	for _, cmd := range keyedCommands {
+		if len(rest) > len(cmd) && rest[len(cmd)] == ' ' && string(rest[:len(cmd)]) == cmd {
+			return true
+		}
+	}
+	return false
+}
+
+// keyedLineMax is the longest a line that names a key may run without a
+// newline: the framing limit, and the longest key a client may send, in
+// base64 as a meta command may send it.
+func keyedLineMax(maxKey int) int { return lineLimit + (maxKey+2)/3*4 }
 
 // prime puts bytes read elsewhere (by an event loop) before whatever the
 // client sends next.

@@ -279,7 +279,7 @@ func (c *conn) groupKeys(keys [][]byte) []bool {
 		}
 		s := c.serverFor(key)
 		call := c.calls[s]
-		o := keyOwner{srv: int32(s), pos: int32(len(call.Keys)), bound: bound, immutable: rk.immutable, tenant: tenant, tierGen: gen}
+		o := keyOwner{srv: int32(s), pos: int32(len(call.Keys)), bound: bound, immutable: rk.immutable, tenant: tenant, written: gen}
 		c.owners = append(c.owners, o)
 		call.Keys = append(call.Keys, key)
 		used[s] = true
@@ -375,7 +375,7 @@ func (c *conn) answerRetrieval(id int, withCAS bool) error {
 					hit = true
 					if c.tierMode != tierOff {
 						c.keyBuf = append(c.keyBuf[:0], c.keys[i]...)
-						c.keep(c.keyBuf, call.Keys[o.pos], o.tierGen, o.immutable, value, flags, it.TTL)
+						c.keep(c.keyBuf, call.Keys[o.pos], o.written, o.immutable, value, flags, it.TTL)
 					}
 				}
 			}

@@ -36,6 +36,7 @@ type stats struct {
 	upstreamReadsInPlace     atomic.Uint64 // reads of a long reply's rest straight into its buffer (loop)
 	clientReadsInPlace       atomic.Uint64 // reads of a long set's rest straight into its buffer (loop)
 	connsIdleClosed          atomic.Uint64 // closed by --idle-timeout
+	connsOutputClosed        atomic.Uint64 // of those, closed with replies left unread (see output.go)
 	connsHandedOver          atomic.Uint64 // moved from an event loop to the goroutine path
 	requests                 [numCommands][numOutcomes]atomic.Uint64
 

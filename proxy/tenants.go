@@ -2,10 +2,13 @@ package proxy
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -16,6 +19,42 @@ const otherTenant = "other"
 // maxTenantLabel bounds a tenant label value; Mimir's tenant IDs are at
 // most 150 bytes.
 const maxTenantLabel = 150
+
+// tenantHashChars is how many hex digits of the SHA-256 of a tenant ID end
+// its label when the ID cannot be its own label: 48 bits, so two tenants
+// of one proxy share them only by a chance too small to matter, and
+// tenantLabel lengthens them if that chance comes up anyway.
+const tenantHashChars = 12
+
+// tenantLabel returns the label of tenant when labels given before are
+// taken: the ID itself when it is one (valid UTF-8, at most
+// maxTenantLabel bytes, not otherTenant, without '~'); otherwise as much
+// of the ID as fits, readable, then '~' and a hash of the whole ID, so
+// that IDs alike in their first bytes keep labels of their own. An ID
+// holding '~' is hashed too, so that no ID as it is can equal another's
+// hashed label. It returns "" only when two IDs hash alike in all of
+// SHA-256.
+func tenantLabel(tenant string, taken func(string) bool) string {
+	if len(tenant) <= maxTenantLabel && utf8.ValidString(tenant) && tenant != otherTenant && !strings.Contains(tenant, "~") {
+		if taken(tenant) {
+			return ""
+		}
+		return tenant
+	}
+	readable := strings.ToValidUTF8(tenant, "\uFFFD")
+	sum := sha256.Sum256([]byte(tenant))
+	hash := hex.EncodeToString(sum[:])
+	for _, n := range []int{tenantHashChars, 2 * tenantHashChars, len(hash)} {
+		prefix := readable
+		if room := maxTenantLabel - 1 - n; len(prefix) > room {
+			prefix = strings.ToValidUTF8(prefix[:room], "")
+		}
+		if label := prefix + "~" + hash[:n]; !taken(label) {
+			return label
+		}
+	}
+	return ""
+}
 
 // tenantCounters counts one tenant's requests (keys asked for or
 // stored), hits among the keys asked for, and bytes stored upstream.
@@ -45,13 +84,15 @@ func (t *tenantCounters) fold(from *tenantCounters) {
 // one), which finds the heavy hitters among the rest in bounded memory.
 // Slots change only at scrape time (rebalance): a candidate seen more often
 // since the last scrape than the quietest tenant with a slot takes that
-// slot. The evicted tenant's totals are added to "other", so the sum over
-// all tenant series never goes back; the promoted tenant's series starts
+// slot. The evicted tenant's totals are added to "other" (and the tenant
+// to folded), so the sum over all tenant series never goes back; the promoted tenant's series starts
 // at zero. Until the table is full, a new tenant gets a slot at once.
 type tenantTable struct {
 	max   int
 	slots atomic.Pointer[map[string]*tenantCounters]
 	other tenantCounters
+	// folded counts the tenants that lost their slot to a busier one.
+	folded atomic.Uint64
 
 	mu sync.Mutex
 	// cand holds the sketch's counts by pointer, so that counting a
@@ -119,20 +160,19 @@ func (t *tenantTable) miss(tenant []byte) *tenantCounters {
 }
 
 // addSlot publishes a copy of slots with tenant added, and returns its
-// counters; nil when its label would not be a fit label value (the same
-// as another's after cleaning, or "other"). t.mu is held.
+// counters; nil only when no label of its own can be found for it (see
+// tenantLabel). t.mu is held.
 func (t *tenantTable) addSlot(slots map[string]*tenantCounters, tenant string) *tenantCounters {
-	label := strings.ToValidUTF8(tenant, "\uFFFD")
-	if len(label) > maxTenantLabel {
-		label = strings.ToValidUTF8(label[:maxTenantLabel], "")
-	}
-	if label == otherTenant {
-		return nil
-	}
-	for _, c := range slots {
-		if c.label == label {
-			return nil
+	label := tenantLabel(tenant, func(l string) bool {
+		for _, c := range slots {
+			if c.label == l {
+				return true
+			}
 		}
+		return false
+	})
+	if label == "" {
+		return nil
 	}
 	next := make(map[string]*tenantCounters, len(slots)+1)
 	for name, c := range slots {
@@ -172,6 +212,7 @@ func (t *tenantTable) rebalance() {
 		for n < len(cands) && n < len(held) && cands[n].count > held[n].count {
 			t.other.fold(next[held[n].name])
 			delete(next, held[n].name)
+			t.folded.Add(1)
 			n++
 		}
 		t.slots.Store(&next)
@@ -199,15 +240,18 @@ func (t *tenantTable) snapshot() []*tenantCounters {
 
 // tenantDescs are the per-tenant metrics.
 type tenantDescs struct {
-	requests, hits, written *prometheus.Desc
+	requests, hits, written, folded *prometheus.Desc
 }
 
 func newTenantDescs(ns string) tenantDescs {
-	const help = " The busiest --metrics-tenants tenants have their own series, the rest are counted as tenant=\"other\"."
+	const help = " The busiest --metrics-tenants tenants have their own series, the rest are counted as tenant=\"other\";" +
+		" a tenant ID over 150 bytes, not valid UTF-8, holding '~' or named other is labelled with its first bytes, '~' and 12 hex digits of its SHA-256."
 	return tenantDescs{
 		requests: prometheus.NewDesc(ns+"_tenant_requests_total", "Keys asked for or stored, by the tenant their key scheme names."+help, []string{"tenant"}, nil),
 		hits:     prometheus.NewDesc(ns+"_tenant_hits_total", "Keys asked for and found, by tenant."+help, []string{"tenant"}, nil),
 		written:  prometheus.NewDesc(ns+"_tenant_written_bytes_total", "Bytes of values stored upstream (as memcached holds them), by tenant."+help, []string{"tenant"}, nil),
+		folded: prometheus.NewDesc(ns+"_tenants_folded_total", "Tenants whose series were folded into tenant=\"other\": at a scrape, a tenant with a series of its own"+
+			" that made fewer requests since the previous scrape than a tenant without one gives it its place, and its totals are added to other.", nil, nil),
 	}
 }
 
@@ -215,6 +259,7 @@ func (d tenantDescs) describe(ch chan<- *prometheus.Desc) {
 	ch <- d.requests
 	ch <- d.hits
 	ch <- d.written
+	ch <- d.folded
 }
 
 // collect exports the table, then rebalances it for the next scrape.
@@ -227,5 +272,6 @@ func (d tenantDescs) collect(ch chan<- prometheus.Metric, t *tenantTable) {
 		ch <- prometheus.MustNewConstMetric(d.hits, prometheus.CounterValue, float64(c.hits.Load()), c.label)
 		ch <- prometheus.MustNewConstMetric(d.written, prometheus.CounterValue, float64(c.written.Load()), c.label)
 	}
+	ch <- prometheus.MustNewConstMetric(d.folded, prometheus.CounterValue, float64(t.folded.Load()))
 	t.rebalance()
 }

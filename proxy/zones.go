@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"slices"
@@ -58,7 +57,7 @@ func (c *Config) zoneSpecs() ([]zoneSpec, error) {
 			return nil, errors.New("--zone needs --upstream-zone: the servers of every zone")
 		}
 		if len(c.Upstreams) == 0 {
-			return nil, errors.New("--upstream names no server")
+			return nil, errors.New("--upstream names no server: want one or more of " + upstream.EntryForms)
 		}
 		for _, u := range c.Upstreams {
 			if _, err := upstream.ParseEntry(u); err != nil {
@@ -87,9 +86,14 @@ func (c *Config) zoneSpecs() ([]zoneSpec, error) {
 		z := zoneSpec{name: name}
 		for _, u := range strings.Split(list, ",") {
 			u = strings.TrimSpace(u)
+			if u == "" {
+				return nil, fmt.Errorf("--upstream-zone %q: bad entry \"\": want %s", s, upstream.EntryForms)
+			}
 			e, err := upstream.ParseEntry(u)
-			if u == "" || err != nil {
-				return nil, fmt.Errorf("--upstream-zone %q: bad entry %q", s, u)
+			if bad := (*upstream.EntryError)(nil); errors.As(err, &bad) {
+				return nil, fmt.Errorf("--upstream-zone %q: bad entry %q: %s", s, u, bad.Reason)
+			} else if err != nil {
+				return nil, err
 			}
 			if e.Static() {
 				if other, dup := static[u]; dup && other != name {
@@ -103,7 +107,11 @@ func (c *Config) zoneSpecs() ([]zoneSpec, error) {
 	}
 	i := slices.IndexFunc(zones, func(z zoneSpec) bool { return z.name == strings.TrimSpace(c.Zone) })
 	if i < 0 {
-		return nil, fmt.Errorf("--zone %q is not one of the --upstream-zone names", c.Zone)
+		names := make([]string, len(zones))
+		for j, z := range zones {
+			names[j] = z.name
+		}
+		return nil, fmt.Errorf("--zone %q is not one of the --upstream-zone names (%s)", c.Zone, strings.Join(names, ", "))
 	}
 	local := zones[i]
 	zones = append(zones[:i], zones[i+1:]...)
@@ -133,15 +141,17 @@ const (
 
 var zoneResultNames = [numZoneResults]string{zoneHit: "hit", zoneMiss: "miss", zoneError: "error"}
 
-// Results of a fill.
+// Results of a fill. dropped: a write to the key through the sidecar
+// raced it, and it was not sent or was deleted again (see writeGuard).
 const (
 	fillStored = iota
 	fillNotStored
 	fillFailed
+	fillDropped
 	numFillResults
 )
 
-var fillResultNames = [numFillResults]string{fillStored: "stored", fillNotStored: "not_stored", fillFailed: "failed"}
+var fillResultNames = [numFillResults]string{fillStored: "stored", fillNotStored: "not_stored", fillFailed: "failed", fillDropped: "dropped"}
 
 // zoned reports whether the proxy serves zones.
 func (p *Proxy) zoned() bool { return len(p.zones) > 1 || p.zones[0].name != "" }
@@ -208,7 +218,6 @@ func (c *conn) askOtherZones(r upstream.Retrieval) {
 		return
 	}
 	c.countZoneReads(0)
-	c.asked = 1
 	multi := len(c.owners) > 1
 	r.Meta = true
 	for z := 1; z < len(c.zs); z++ {
@@ -239,6 +248,7 @@ func (c *conn) askOtherZones(r upstream.Retrieval) {
 			s := zc.up.Pick(key, c.p.cfg.EjectRehash)
 			next := zc.calls[s]
 			o.zone, o.srv, o.pos = int32(z), int32(s), int32(len(next.Keys))
+			o.written = c.p.writeCount(key) // for its fill
 			next.Keys = append(next.Keys, key)
 			asked = true
 			if multi {
@@ -251,7 +261,6 @@ func (c *conn) askOtherZones(r upstream.Retrieval) {
 		if !asked {
 			return
 		}
-		c.asked = z + 1
 		fetchEach(zc.up.Servers, zc.calls, r)
 		c.countZoneReads(z)
 	}
@@ -285,21 +294,11 @@ func (c *conn) countZoneReads(z int) {
 // zone, as memcached holds them (envelopes included), with an add: a value
 // the local zone got meanwhile is newer, and stays. A touch gives them its
 // new exptime; other reads keep their remaining time to live. The replies
-// to the client are written first, so a fill costs it no time.
+// to the client are written first, so a fill costs it no time. A fill that
+// a write to its key through the sidecar raced is not sent, or deleted
+// again (see writeGuard).
 func (c *conn) fillLocal(r upstream.Retrieval) {
-	if c.zs == nil || !c.p.cfg.ZoneFill {
-		return
-	}
-	filled := false
-	for z := 1; z < c.asked && !filled; z++ {
-		for _, call := range c.zs[z].calls {
-			if call.Err == nil && slices.ContainsFunc(call.Items, func(it upstream.Item) bool { return it.Hit }) {
-				filled = true
-				break
-			}
-		}
-	}
-	if !filled {
+	if c.zs == nil || !c.p.cfg.ZoneFill || !slices.ContainsFunc(c.owners, c.fillable) {
 		return
 	}
 	c.flush()
@@ -307,33 +306,33 @@ func (c *conn) fillLocal(r upstream.Retrieval) {
 	for _, call := range c.calls {
 		call.Reset()
 	}
-	bufs := c.fillBuf[:0]
-	for z := 1; z < c.asked; z++ {
-		for _, call := range c.zs[z].calls {
-			if call.Err != nil {
-				continue
-			}
-			for i, it := range call.Items {
-				if !it.Hit || it.TTL == 0 {
-					continue // gone in under a second: not worth it
-				}
-				key := call.Keys[i]
-				local := c.calls[c.up.Pick(key, c.p.cfg.EjectRehash)]
-				exptime := wire.ExptimeOf(it.TTL)
-				if r.Touch {
-					exptime = int64(r.Exptime)
-				}
-				start := len(bufs)
-				bufs = appendStorage(bufs, "add", key, it.Flags, int32(exptime), it.N, 0, false)
-				bufs = append(bufs, call.Value(i)...)
-				bufs = append(bufs, crlf...)
-				// req is set once every fill is in bufs, which may move.
-				local.Items = append(local.Items, upstream.Item{Off: start, N: len(bufs) - start})
-				local.Replies++
-			}
+	bufs, notes := c.fillBuf[:0], c.fillNotes[:0]
+	for i, o := range c.owners {
+		if !c.fillable(o) {
+			continue
 		}
+		call := c.call(o)
+		it, key := &call.Items[o.pos], call.Keys[o.pos]
+		if c.p.wroteSince(key, o.written) {
+			c.p.fills[fillDropped].Add(1)
+			continue
+		}
+		s := c.up.Pick(key, c.p.cfg.EjectRehash)
+		local := c.calls[s]
+		exptime := wire.ExptimeOf(it.TTL)
+		if r.Touch {
+			exptime = int64(r.Exptime)
+		}
+		start := len(bufs)
+		bufs = appendStorage(bufs, "add", key, it.Flags, int32(exptime), it.N, 0, false)
+		bufs = append(bufs, call.Value(int(o.pos))...)
+		bufs = append(bufs, crlf...)
+		// req is set once every fill is in bufs, which may move.
+		local.Items = append(local.Items, upstream.Item{Off: start, N: len(bufs) - start})
+		local.Replies++
+		notes = append(notes, fillNote{owner: int32(i), srv: int32(s)})
 	}
-	c.fillBuf = bufs
+	c.fillBuf, c.fillNotes = bufs, notes
 	var wg sync.WaitGroup
 	for s, call := range c.calls {
 		if call.Replies == 0 {
@@ -353,24 +352,10 @@ func (c *conn) fillLocal(r upstream.Retrieval) {
 		}(c.up.Servers[s], call)
 	}
 	wg.Wait()
-	for _, call := range c.calls {
-		if call.Replies == 0 {
-			continue
+	for s, call := range c.calls {
+		if call.Replies > 0 {
+			c.filled(int32(s), call)
 		}
-		if call.Err != nil {
-			c.p.fills[fillFailed].Add(uint64(call.Replies))
-			continue
-		}
-		var stored uint64
-		for rest := call.Reply; len(rest) > 0; {
-			var line []byte
-			line, rest, _ = bytes.Cut(rest, []byte{'\n'})
-			if bytes.Equal(line, replyStored[:len(replyStored)-1]) {
-				stored++
-			}
-		}
-		c.p.fills[fillStored].Add(stored)
-		c.p.fills[fillNotStored].Add(uint64(call.Replies) - stored)
 	}
 	if cap(c.fillBuf) > upstream.ArenaKeep {
 		c.fillBuf = nil
@@ -412,8 +397,8 @@ func (c *conn) sendLocal(k string, req, data []byte) ([]byte, *upstream.Server, 
 // the server that answered (the local one when none did). With
 // --zone-writes=local it is sendDeciding.
 func (c *conn) sendEvery(k string, req, data []byte) (line []byte, srv *upstream.Server, err error) {
-	c.forget(k)
-	defer c.forget(k)
+	c.writing(k)
+	defer c.wrote(k)
 	if c.zs == nil {
 		return c.sendLocal(k, req, data)
 	}
@@ -466,8 +451,8 @@ func (c *conn) sendEvery(k string, req, data []byte) (line []byte, srv *upstream
 // said so); when none answered, the local server and its error. A refusal
 // of the request itself (CLIENT_ERROR, SERVER_ERROR) ends the search.
 func (c *conn) sendDeciding(k string, req, data []byte) (line []byte, z int, srv *upstream.Server, err error) {
-	c.forget(k)
-	defer c.forget(k)
+	c.writing(k)
+	defer c.wrote(k)
 	if c.zs == nil {
 		line, srv, err = c.sendLocal(k, req, data)
 		return line, 0, srv, err
@@ -511,8 +496,8 @@ func (c *conn) sendDeciding(k string, req, data []byte) (line []byte, z int, srv
 // be filled from the zone that had the key). With --zone-writes=local it
 // is the local zone's add, or the first zone's that answers.
 func (c *conn) sendAdd(k string, req, data []byte) (line []byte, srv *upstream.Server, err error) {
-	c.forget(k)
-	defer c.forget(k)
+	c.writing(k)
+	defer c.wrote(k)
 	if c.zs == nil {
 		return c.sendLocal(k, req, data)
 	}
@@ -555,8 +540,8 @@ func (c *conn) sendAdd(k string, req, data []byte) (line []byte, srv *upstream.S
 // that has one, and so on: the same search as sendDeciding. The zone that
 // changed the item decides, and the others drop their copy.
 func (c *conn) modifyInZones(k string, rmw func(srv *upstream.Server) error) error {
-	c.forget(k)
-	defer c.forget(k)
+	c.writing(k)
+	defer c.wrote(k)
 	if c.zs == nil {
 		return rmw(c.up.Servers[c.serverFor(k)])
 	}

@@ -1,5 +1,7 @@
-// Command proxy runs the memcached sidecar: a memcached-protocol server
-// placed between store-gateways and a fleet of memcached servers.
+// Command proxy builds mcsidecar, the memcached sidecar: a
+// memcached-protocol server placed between store-gateways and a fleet of
+// memcached servers. The directory keeps its name; the program, its usage
+// line, its image and its messages are mcsidecar.
 package main
 
 import (
@@ -24,6 +26,10 @@ import (
 
 // version is set at build time with -ldflags "-X main.version=…".
 var version = "0.1.0-dev"
+
+// program is the one name: in the usage line, in its errors and in
+// the image, whose binary is /mcsidecar.
+const program = "mcsidecar"
 
 // config is the command's own settings; each package registers its own.
 type config struct {
@@ -51,8 +57,10 @@ func (c *config) registerFlags(fs *pflag.FlagSet) {
 }
 
 // parsed settles what depends on which flags were given: zones replace
-// --upstream, whose default then does not apply.
+// --upstream, whose default then does not apply, and --max-value-size
+// follows --max-item-size unless it is given.
 func (c *config) parsed(fs *pflag.FlagSet) error {
+	c.proxy.DefaultMaxValueSize(fs)
 	if fs.Changed("upstream-zone") {
 		if fs.Changed("upstream") {
 			return errors.New("give --upstream or --upstream-zone, not both")
@@ -73,14 +81,14 @@ func (c *config) validate() error {
 		return err
 	}
 	if c.shutdownGrace < 0 {
-		return errors.New("--shutdown-grace must not be negative")
+		return fmt.Errorf("--shutdown-grace %v: must not be negative", c.shutdownGrace)
 	}
 	if c.logFormat != "text" && c.logFormat != "json" {
-		return errors.New("--log-format must be text or json")
+		return fmt.Errorf("--log-format %q: must be text or json", c.logFormat)
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+		return fmt.Errorf("--log-level %q: must be debug, info, warn or error", c.logLevel)
 	}
 	return nil
 }
@@ -90,9 +98,19 @@ func (c *config) logger(w io.Writer) *slog.Logger {
 	lvl.UnmarshalText([]byte(c.logLevel))
 	opts := &slog.HandlerOptions{Level: lvl}
 	if c.logFormat == "json" {
+		opts.ReplaceAttr = readableDuration
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// readableDuration writes a duration as the text handler and the flags do,
+// "30s", where the JSON handler would write nanoseconds.
+func readableDuration(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
 }
 
 func main() {
@@ -100,7 +118,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "proxy:", err)
+		fmt.Fprintln(os.Stderr, program+":", err)
 		os.Exit(1)
 	}
 }
@@ -110,7 +128,7 @@ func main() {
 // listens, or when serving fails.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var cfg config
-	fs := pflag.NewFlagSet("proxy", pflag.ContinueOnError)
+	fs := pflag.NewFlagSet(program, pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfg.registerFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -120,7 +138,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if cfg.printVersion {
-		fmt.Fprintln(stdout, "mcsidecar", version)
+		fmt.Fprintln(stdout, program, version)
 		return nil
 	}
 	if err := cfg.parsed(fs); err != nil {
@@ -150,7 +168,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	ln, err := proxy.Listen(cfg.proxy.Listen)
 	if err != nil {
 		stop()
-		return err
+		return fmt.Errorf("--listen %q: %w", cfg.proxy.Listen, err)
 	}
 	var metricsSrv *http.Server
 	if cfg.metricsListen != "" {
@@ -158,7 +176,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			ln.Close()
 			stop()
-			return err
+			return fmt.Errorf("--metrics-listen %q: %w", cfg.metricsListen, err)
 		}
 		metricsSrv = &http.Server{Handler: newHTTPHandler(p, reg), ReadHeaderTimeout: 5 * time.Second}
 		go metricsSrv.Serve(mln)

@@ -547,7 +547,7 @@ func TestSIGTERMFinishesTheRequestInFlightAndExitsZero(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	bin := filepath.Join(t.TempDir(), "proxy")
+	bin := filepath.Join(t.TempDir(), program)
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -617,6 +617,12 @@ func TestSIGTERMFinishesTheRequestInFlightAndExitsZero(t *testing.T) {
 	}
 	if !slices.Equal(msgs, []string{"serving", "shutting down", "stopped"}) {
 		t.Errorf("log messages %q, want serving, shutting down, stopped (no line per request)\n%s", msgs, logs.String())
+	}
+	// Durations read as they are given: --shutdown-grace=10s.
+	for _, m := range lines {
+		if m["msg"] == "shutting down" && m["grace"] != "10s" {
+			t.Errorf("the shutdown line logs the grace period as %#v, want \"10s\"", m["grace"])
+		}
 	}
 }
 

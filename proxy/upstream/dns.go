@@ -39,15 +39,32 @@ type Entry struct {
 // LookupTimeout bounds one lookup of every DNS entry.
 const LookupTimeout = 10 * time.Second
 
-var errNoRecords = errors.New("no records")
+var (
+	errNoRecords = errors.New("no records")
+	errNoPort    = errors.New("no port")
+)
+
+// EntryForms names the forms of an --upstream entry, for the errors that
+// refuse one.
+const EntryForms = "host:port, unix:/path, dns+host:port, dnssrv+_service._proto.name or dnssrvnoa+_service._proto.name"
+
+// EntryError refuses an --upstream entry and says why.
+type EntryError struct {
+	Entry, Reason string
+}
+
+func (e *EntryError) Error() string { return fmt.Sprintf("--upstream %q: %s", e.Entry, e.Reason) }
 
 // ParseEntry reads one --upstream entry: host:port, unix:/path, or one of
-// the DNS kinds.
+// the DNS kinds. Its error is an *EntryError.
 func ParseEntry(s string) (Entry, error) {
 	if rest, ok := strings.CutPrefix(s, "dns+"); ok {
 		host, port, err := splitHostPort(rest)
-		if err != nil || host == "" {
-			return Entry{}, fmt.Errorf("--upstream %q: want dns+host:port", s)
+		switch {
+		case err == errNoPort || err == nil && host == "":
+			return Entry{}, &EntryError{s, "want dns+host:port"}
+		case err != nil:
+			return Entry{}, &EntryError{s, err.Error()}
 		}
 		// An IPv6 literal is written in brackets, and looked up without.
 		return Entry{kind: entryDNS, name: strings.Trim(host, "[]"), port: port}, nil
@@ -64,7 +81,7 @@ func ParseEntry(s string) (Entry, error) {
 			e.name, e.port = host, port
 		}
 		if e.name == "" {
-			return Entry{}, fmt.Errorf("--upstream %q: want %s_service._proto.name", s, s[:len(s)-len(rest)])
+			return Entry{}, &EntryError{s, "want " + s[:len(s)-len(rest)] + "_service._proto.name"}
 		}
 		return e, nil
 	}
@@ -141,13 +158,15 @@ func Resolve(ctx context.Context, r Resolver, entries []string) ([]string, error
 func splitUpstream(s string) (network, addr string, err error) {
 	if path, ok := strings.CutPrefix(s, "unix:"); ok {
 		if path == "" {
-			return "", "", fmt.Errorf("--upstream %q: empty socket path", s)
+			return "", "", &EntryError{s, "empty socket path: want unix:/path"}
 		}
 		return "unix", path, nil
 	}
 	host, port, err := splitHostPort(s)
-	if err != nil {
-		return "", "", fmt.Errorf("--upstream %q: %w", s, err)
+	if err == errNoPort {
+		return "", "", &EntryError{s, "no port: want " + EntryForms}
+	} else if err != nil {
+		return "", "", &EntryError{s, err.Error()}
 	}
 	return "tcp", host + ":" + port, nil
 }
@@ -155,11 +174,11 @@ func splitUpstream(s string) (network, addr string, err error) {
 func splitHostPort(s string) (host, port string, err error) {
 	i := strings.LastIndexByte(s, ':')
 	if i < 0 {
-		return "", "", errors.New("want host:port")
+		return "", "", errNoPort
 	}
 	host, port = s[:i], s[i+1:]
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return "", "", errors.New("bad port")
+		return "", "", fmt.Errorf("port %q: want a number from 1 to 65535", port)
 	}
 	return host, port, nil
 }

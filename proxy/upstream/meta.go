@@ -22,7 +22,8 @@ type MetaItem struct {
 // back keeps its expiry as memcached's own append and incr do. The value is
 // read into dst, grown once to its size. found is false on a miss.
 func (p *rawPool) getForUpdate(key string, dst []byte) (value []byte, it MetaItem, found bool, err error) {
-	err = p.do(func(c *rawConn) error {
+	// A read, safe to repeat: u leaves the item's fetch state alone.
+	err = p.do(true, func(c *rawConn) error {
 		found = false
 		c.rw.WriteString("mg ")
 		c.rw.WriteString(key)
@@ -107,13 +108,12 @@ func ParseMetaValue(line []byte) (size int, it MetaItem, err error) {
 // if the item still has it.CAS, with the item's flags and remaining time to
 // live. conflict reports that the item changed or went away since it was
 // read; notStored that memcached refused the value (too large); cas is the
-// CAS value of the item stored. Unlike
-// other requests on this pool it is never sent twice: when a reply is lost
-// the write may have happened, and joining twice would corrupt the value.
+// CAS value of the item stored. It is never sent twice: when a reply is
+// lost the write may have happened, and joining twice would corrupt the
+// value.
 func (p *rawPool) storeIfUnchanged(key string, it MetaItem, value []byte) (conflict, notStored bool, cas uint64, err error) {
 	ttl := wire.ExptimeOf(it.TTL)
-	// Not through do, which may send twice: once, under the server's
-	// health all the same.
+	// Once, under the server's health.
 	err = p.guard(func() error {
 		return p.once(func(c *rawConn) error {
 			b := append(c.rw.AvailableBuffer(), "ms "...)

@@ -36,6 +36,8 @@ type rawPool struct {
 	connectTimeout time.Duration
 	maxIdle        int
 	health         *health
+	// outOfStep counts and logs a connection found out of step.
+	outOfStep func(error)
 
 	mu     sync.Mutex
 	idle   []*rawConn
@@ -54,7 +56,15 @@ type rawConn struct {
 	src   *sendFirst // under rw's reader
 	out   []byte     // a batch of requests being gathered
 	lines []int      // how many retrieval lines each run of gets of it has
+	used  time.Time  // when its last use began
 }
+
+// staleAfter is how long a pooled connection sits unused before get looks
+// whether the server closed it meanwhile. A busy connection, reused
+// within microseconds, costs no system call for the look; a restart takes
+// far longer, so after one every connection the pool kept is found closed
+// before a request is written on it.
+const staleAfter = time.Millisecond
 
 // sendFirst reads an upstream connection for its bufio.Reader. A batch of
 // requests handed to it is written as the first read begins, inside the
@@ -74,6 +84,10 @@ type sendFirst struct {
 	n    int
 	err  error
 	sent bool
+
+	// got counts the bytes read since the connection's current use
+	// began: none means no reply had begun to arrive when it failed.
+	got int
 }
 
 func newSendFirst(nc net.Conn) *sendFirst {
@@ -90,7 +104,9 @@ func (s *sendFirst) Read(p []byte) (int, error) {
 		if err := s.writeNow(); err != nil {
 			return 0, err
 		}
-		return s.nc.Read(p)
+		n, err := s.nc.Read(p)
+		s.got += n
+		return n, err
 	}
 	s.p, s.n, s.err, s.sent = p, 0, nil, s.out == nil
 	err := s.rc.Read(s.turn)
@@ -101,6 +117,7 @@ func (s *sendFirst) Read(p []byte) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	s.got += s.n
 	return s.n, nil
 }
 
@@ -140,8 +157,8 @@ func (s *sendFirst) writeNow() error {
 var errUnexpectedReply = errors.New("unexpected reply from upstream")
 
 // do runs fn as try does, under the server's health.
-func (p *rawPool) do(fn func(*rawConn) error) error {
-	return p.guard(func() error { return p.try(fn) })
+func (p *rawPool) do(idempotent bool, fn func(*rawConn) error) error {
+	return p.guard(func() error { return p.try(idempotent, fn) })
 }
 
 // guard sends a request unless the server is ejected, and counts the
@@ -153,29 +170,29 @@ func (p *rawPool) guard(send func() error) error {
 	return p.health.observe(send())
 }
 
-// once runs fn on a pooled connection under one deadline, and never a
-// second time: for a request that must not be repeated.
-func (p *rawPool) once(fn func(*rawConn) error) error {
-	c, _, err := p.get()
-	if err != nil {
-		return err
-	}
-	return p.run(c, fn)
-}
+// once runs fn as try does, and never a second time: for a request that
+// must not be repeated.
+func (p *rawPool) once(fn func(*rawConn) error) error { return p.try(false, fn) }
 
 // try runs fn on a pooled connection under one deadline. The connection is
 // kept only if fn succeeded. When a connection taken from the idle pool
-// fails other than by timing out, the server has most likely restarted:
-// every idle connection is dropped and fn runs once more on a new one, so
-// a restart costs no client a failed request. fn must be safe to repeat.
-func (p *rawPool) try(fn func(*rawConn) error) error {
+// fails other than by timing out, the server has most likely restarted
+// since get looked at the connection: every idle connection is dropped.
+// fn then runs once more, on a new connection, only if idempotent says
+// its request may be applied twice and no byte of a reply had arrived.
+// Any other request fails: memcached may have applied it before the
+// connection broke, and an incr sent again would count twice.
+func (p *rawPool) try(idempotent bool, fn func(*rawConn) error) error {
 	c, reused, err := p.get()
 	if err != nil {
 		return err
 	}
 	err = p.run(c, fn)
-	if err != nil && reused && !IsTimeout(err) {
+	if err != nil && reused && !IsTimeout(err) && !IsOutOfStep(err) {
 		p.dropIdle()
+		if !idempotent || c.src.got > 0 {
+			return err
+		}
 		if c, _, err = p.get(); err != nil {
 			return err
 		}
@@ -184,7 +201,12 @@ func (p *rawPool) try(fn func(*rawConn) error) error {
 	return err
 }
 
-// get returns an idle connection, or a new one.
+// get returns an idle connection, or a new one. An idle connection unused
+// for staleAfter is looked at first: when the server closed it meanwhile
+// (it restarted, or its idle timeout ran out), it is not used, nor is any
+// other idle one, and a new connection is made before anything is
+// written. A request that fails on a connection get hands out may have
+// been applied; one never written can be sent anywhere.
 func (p *rawPool) get() (c *rawConn, reused bool, err error) {
 	p.mu.Lock()
 	if n := len(p.idle); n > 0 {
@@ -192,7 +214,11 @@ func (p *rawPool) get() (c *rawConn, reused bool, err error) {
 	}
 	p.mu.Unlock()
 	if c != nil {
-		return c, true, nil
+		if time.Since(c.used) < staleAfter || sockio.Quiet(c.nc) {
+			return c, true, nil
+		}
+		c.nc.Close()
+		p.dropIdle()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), min(p.connectTimeout, p.timeout))
 	defer cancel()
@@ -206,13 +232,30 @@ func (p *rawPool) get() (c *rawConn, reused bool, err error) {
 
 // run runs fn on c under one deadline and pools c again if fn succeeded.
 func (p *rawPool) run(c *rawConn, fn func(*rawConn) error) error {
-	c.nc.SetDeadline(time.Now().Add(p.timeout))
+	c.begin(time.Now(), p.timeout)
 	if err := fn(c); err != nil {
-		c.nc.Close()
+		p.closeOn(c, err)
 		return err
 	}
 	p.put(c)
 	return nil
+}
+
+// closeOn closes c, which failed with err: a connection out of step is
+// never read on, and is counted.
+func (p *rawPool) closeOn(c *rawConn, err error) {
+	c.nc.Close()
+	if p.outOfStep != nil && IsOutOfStep(err) {
+		p.outOfStep(err)
+	}
+}
+
+// begin starts a use of c at now: its deadline, and its count of bytes
+// read from zero.
+func (c *rawConn) begin(now time.Time, timeout time.Duration) {
+	c.nc.SetDeadline(now.Add(timeout))
+	c.used = now
+	c.src.got = 0
 }
 
 // put pools c again, or closes it when the pool is full or closed.
@@ -255,14 +298,23 @@ func (p *rawPool) close() {
 const lineMax = 2048
 
 // exchange sends the work of every call in batch in one write and reads
-// the replies in the same order (prepare, receive). A retry starts over:
-// the calls are emptied first.
+// the replies in the same order (prepare, receive). A batch of retrievals
+// alone may be sent again (see try); a retry starts over: the calls are
+// emptied first.
 func (p *rawPool) exchange(r Retrieval, batch []*Call) error {
-	return p.do(func(c *rawConn) error {
+	return p.do(retrievalsOnly(batch), func(c *rawConn) error {
 		c.prepare(r, batch)
 		return c.receive(r, batch)
 	})
 }
+
+// retrievalsOnly reports whether batch holds gets alone (gets, gats or
+// mg for their keys, as prepare asks for them): reading an item twice
+// changes nothing a client can tell, so the batch is safe to repeat. A
+// gats sent again sets the same time to live once more. A command is not:
+// memcached may have applied it, and a storage command, delete, touch,
+// incr or decr applied twice can change the item or its answer.
+func retrievalsOnly(batch []*Call) bool { return gets(batch, 0) == len(batch) }
 
 // pending is a batch that send wrote, whose replies are still to be read.
 type pending struct {
@@ -276,7 +328,8 @@ type pending struct {
 // with batches for other servers to write before it reads any reply: it
 // takes a connection and gathers batch on it, to be written by writeNow
 // or as finish begins to read. finish completes it. Health, deadline and
-// the retry on a broken pooled connection are as in exchange.
+// the retry of retrievals on a broken pooled connection are as in
+// exchange.
 func (p *rawPool) send(r Retrieval, batch []*Call) pending {
 	if err := p.health.admit(); err != nil {
 		return pending{err: err}
@@ -286,7 +339,7 @@ func (p *rawPool) send(r Retrieval, batch []*Call) pending {
 		return pending{err: err}
 	}
 	at := time.Now()
-	c.nc.SetDeadline(at.Add(p.timeout))
+	c.begin(at, p.timeout)
 	c.prepare(r, batch)
 	return pending{c: c, reused: reused, sent: at}
 }
@@ -299,8 +352,9 @@ func (x *pending) writeNow() {
 }
 
 // finish reads the replies to what send gathered, writing it first if
-// writeNow did not, and pools the connection. A reused connection that
-// turned out broken is replaced and the batch sent again, as try does.
+// writeNow did not, and pools the connection. When a reused connection
+// turned out broken, a batch of retrievals alone whose replies had not
+// begun to arrive is sent again on a new one; any other fails, as in try.
 func (p *rawPool) finish(r Retrieval, batch []*Call, x pending) error {
 	c, err := x.c, x.err
 	if c == nil {
@@ -318,9 +372,12 @@ func (p *rawPool) finish(r Retrieval, batch []*Call, x pending) error {
 			return p.health.observe(nil)
 		}
 	}
-	c.nc.Close()
-	if x.reused && !IsTimeout(err) {
+	p.closeOn(c, err)
+	if x.reused && !IsTimeout(err) && !IsOutOfStep(err) {
 		p.dropIdle()
+		if !retrievalsOnly(batch) || c.src.got > 0 {
+			return p.health.observe(err)
+		}
 		err = p.once(func(c *rawConn) error {
 			c.prepare(r, batch)
 			return c.receive(r, batch)
@@ -368,17 +425,24 @@ func (c *rawConn) prepare(r Retrieval, batch []*Call) {
 // receive reads the replies to the batch prepare gathered, in order: each
 // retrieval hit's value straight into its call's arena, a command's reply
 // line into its call. memcached answers in request order, which is how
-// each reply is matched to its call without a map. A meta command's reply
-// may carry a data block (mg, ma with v): it is read into the call's
+// each reply is matched to its call without a map; so each is checked
+// against the request in its place, and a reply that does not fit it is an
+// *OutOfStepError, on which the connection is closed. A meta command's
+// reply may carry a data block (mg, ma with v): it is read into the call's
 // arena.
 func (c *rawConn) receive(r Retrieval, batch []*Call) error {
 	lines := c.lines
 	for i := 0; i < len(batch); {
 		if call := batch[i]; call.Req != nil {
+			// Every command of Req has the same verb (fills: add).
+			family := wire.ReplyOf(call.Req)
 			for range max(call.Replies, 1) {
-				line, err := c.rw.ReadSlice('\n')
+				line, err := readLine(c.rw.Reader)
 				if err != nil {
 					return err
+				}
+				if !family.Fits(line) {
+					return outOfStepAt(line)
 				}
 				call.Reply = append(call.Reply, line...)
 			}
@@ -417,13 +481,16 @@ func gets(batch []*Call, i int) int {
 func readRetrievals(br *bufio.Reader, lines int, calls []*Call) error {
 	j, next := 0, 0 // the call, and its next key not yet answered
 	for ends := 0; ends < lines; {
-		line, err := br.ReadSlice('\n')
+		line, err := readLine(br)
 		if err != nil {
 			return err
 		}
 		if bytes.Equal(line, replyEnd) {
 			ends++
 			continue
+		}
+		if !bytes.HasPrefix(line, replyValue) {
+			return retrievalError(line)
 		}
 		key, flags, size, cas, err := parseValueLine(line)
 		if err != nil {
@@ -435,7 +502,7 @@ func readRetrievals(br *bufio.Reader, lines int, calls []*Call) error {
 			}
 		}
 		if j == len(calls) {
-			return fmt.Errorf("%w: %q answers no key asked for", errUnexpectedReply, line)
+			return OutOfStep(ReasonUnaskedKey, line)
 		}
 		call := calls[j]
 		off := len(call.Arena)
@@ -456,12 +523,15 @@ func readRetrievals(br *bufio.Reader, lines int, calls []*Call) error {
 func readMetaRetrievals(br *bufio.Reader, lines int, calls []*Call) error {
 	for _, call := range calls {
 		for i := range call.Keys {
-			line, err := br.ReadSlice('\n')
+			line, err := readLine(br)
 			if err != nil {
 				return err
 			}
 			if bytes.Equal(line, metaMiss) {
 				continue
+			}
+			if !bytes.HasPrefix(line, metaValue) {
+				return retrievalError(line)
 			}
 			size, it, err := ParseMetaValue(line)
 			if err != nil {
@@ -558,15 +628,21 @@ func readValue(br *bufio.Reader, dst []byte) error {
 		return err
 	}
 	if end[0] != '\r' || end[1] != '\n' {
-		return errUnexpectedReply
+		return OutOfStep(ReasonMalformed, end)
 	}
 	br.Discard(2)
 	return nil
 }
 
-// flushAll sends flush_all, with the delay when one was given.
+// flushAll sends flush_all, with the delay when one was given. Once
+// written it is never sent again: a reply lost before its first byte does
+// not show that memcached did not apply it, and flush_all applied at two
+// times also removes what other clients stored between the two, after
+// they may have seen the first take effect (a delayed one's time moves
+// too). A restart still costs it nothing: get finds a connection the
+// server closed before anything is written on it.
 func (p *rawPool) flushAll(delay int32, withDelay bool) error {
-	return p.do(func(c *rawConn) error {
+	return p.do(false, func(c *rawConn) error {
 		c.rw.WriteString("flush_all")
 		if withDelay {
 			c.rw.WriteByte(' ')
@@ -577,12 +653,13 @@ func (p *rawPool) flushAll(delay int32, withDelay bool) error {
 	})
 }
 
-// ping asks the server for its version, the cheapest request it answers.
-// An ejected server is not asked: it does not answer.
-func (p *rawPool) ping() error { return p.do(askVersion) }
+// ping asks the server for its version, the cheapest request it answers
+// and one that changes nothing, safe to repeat. An ejected server is not
+// asked: it does not answer.
+func (p *rawPool) ping() error { return p.do(true, askVersion) }
 
 // probe asks an ejected server for its version, to see if it is back.
-func (p *rawPool) probe() error { return p.try(askVersion) }
+func (p *rawPool) probe() error { return p.try(true, askVersion) }
 
 func askVersion(c *rawConn) error {
 	c.rw.WriteString("version\r\n")
@@ -614,7 +691,35 @@ const MaxValueLen = 1 << 30
 func parseValueLine(line []byte) (key []byte, flags uint32, size int, cas uint64, err error) {
 	key, flags, size, cas, ok := wire.ParseValueLine(line)
 	if !ok || size > MaxValueLen {
-		return nil, 0, 0, 0, fmt.Errorf("%w: %q", errUnexpectedReply, line)
+		return nil, 0, 0, 0, OutOfStep(ReasonMalformed, line)
 	}
 	return key, flags, size, cas, nil
+}
+
+// readLine reads one reply line. No reply line fills the read buffer: one
+// that does is not memcached's.
+func readLine(br *bufio.Reader) ([]byte, error) {
+	line, err := br.ReadSlice('\n')
+	if err == bufio.ErrBufferFull {
+		return nil, OutOfStep(ReasonMalformed, line)
+	}
+	return line, err
+}
+
+// outOfStepAt is the error of a reply line that does not fit its request.
+func outOfStepAt(line []byte) error {
+	if wire.OutOfStep(line) {
+		return OutOfStep(ReasonOutOfMemory, line)
+	}
+	return OutOfStep(ReasonUnexpected, line)
+}
+
+// retrievalError is the error of a retrieval answered by line, neither a
+// hit nor its end: memcached's own error (the connection is closed, as
+// after any error, and the line relayed), or a reply out of step.
+func retrievalError(line []byte) error {
+	if wire.IsError(line) && !wire.OutOfStep(line) {
+		return fmt.Errorf("%w: %q", errUnexpectedReply, line)
+	}
+	return outOfStepAt(line)
 }

@@ -77,6 +77,7 @@ func NewServer(name string, o *Options) (*Server, error) {
 		tls:            tlsCfg,
 		connectTimeout: o.ConnectTimeout,
 	}
+	raw.outOfStep = s.OutOfStep
 	s.pipe = newCoalescer(s.raw, up, o.GetConcurrency, o.GetBatchKeys)
 	s.pipe.r.Meta = o.MetaGets
 	return s, nil

@@ -72,6 +72,7 @@ type serverStats struct {
 	all      Totals // the proxy-wide counters
 	requests atomic.Uint64
 	errors   [NumKinds]atomic.Uint64
+	protocol [NumReasons]atomic.Uint64 // connections found out of step
 	latency  prometheus.Observer
 }
 
