@@ -299,7 +299,8 @@ func TestStatsAnswersTheProxyCountersAndResetLeavesMetricsAlone(t *testing.T) {
 	if got := c.do("set " + long + " 0 0 2\r\nhi\r\n"); got != "STORED\r\n" {
 		t.Fatalf("set of a long key answered %q", got)
 	}
-	if got := c.do("get " + strings.Repeat("k", 2001) + "\r\n"); got != "CLIENT_ERROR bad command line format\r\n" {
+	tooLong := strings.Repeat("k", keysConfig().MaxClientLength+1)
+	if got := c.do("get " + tooLong + "\r\n"); got != "CLIENT_ERROR bad command line format\r\n" {
 		t.Fatalf("get of a key over the maximum answered %q", got)
 	}
 	st := statsOf(t, c)
@@ -508,7 +509,7 @@ func TestStatsCountAlikeOnBothPaths(t *testing.T) {
 		{"get " + long + "\r\n", 1},
 		{"set " + postings + " 0 0 " + itoa(len(value)) + "\r\n" + value + "\r\n", 1},
 		{"get " + postings + " " + long + " nope\r\n", 1},
-		{"get " + strings.Repeat("k", 2001) + "\r\n", 1},
+		{"get " + strings.Repeat("k", keysConfig().MaxClientLength+1) + "\r\n", 1},
 		{"bogus\r\n", 1},
 		{"set k4 0 0 z\r\n", 1},
 		{"set big 0 0 " + itoa(len(big)) + "\r\n" + big + "\r\n", 1},
