@@ -156,15 +156,18 @@ func (rd *reader) line() ([]byte, error) {
 // memcached lets "get " and "gets " lines run past the framing limit when no
 // more than 100 spaces precede them.
 func isRetrievalPrefix(data []byte) bool {
+	rest, ok := commandStart(data)
+	return ok && (bytes.HasPrefix(rest, []byte("get ")) || bytes.HasPrefix(rest, []byte("gets ")))
+}
+
+// commandStart returns data from its command on, and whether no more
+// than the 100 spaces memcached skips precede it.
+func commandStart(data []byte) ([]byte, bool) {
 	i := 0
 	for i < len(data) && data[i] == ' ' {
 		i++
 	}
-	if i > 100 {
-		return false
-	}
-	rest := data[i:]
-	return bytes.HasPrefix(rest, []byte("get ")) || bytes.HasPrefix(rest, []byte("gets "))
+	return data[i:], i <= 100
 }
 
 // keyedCommands are the commands whose first argument, or for gat and
@@ -176,14 +179,10 @@ var keyedCommands = [...]string{"set", "add", "replace", "append", "prepend", "c
 // keyedCommands, which may run past the framing limit by the length of a
 // key: a federated query's results key lists every tenant, tens of KB.
 func isKeyedPrefix(data []byte) bool {
-	i := 0
-	for i < len(data) && data[i] == ' ' {
-		i++
-	}
-	if i > 100 {
+	rest, ok := commandStart(data)
+	if !ok {
 		return false
 	}
-	rest := data[i:]
 	for _, cmd := range keyedCommands {
 		if len(rest) > len(cmd) && rest[len(cmd)] == ' ' && string(rest[:len(cmd)]) == cmd {
 			return true
