@@ -156,3 +156,47 @@ func TestHandCheckedVector(t *testing.T) {
 		t.Fatalf("got %#08x % x, want 0x40000001 % x", sf, stored, want)
 	}
 }
+
+// codec2File holds postings entries as the encoder wrote them before codec
+// 3 existed: items already in caches. It is never regenerated.
+const codec2File = "testdata/postings-codec2.txt"
+
+// TestCodec2EntriesStillDecode reads postings entries written by the
+// codec-2 encoder (every layout, raw and snappy streams, bound and not) and
+// checks that each still decodes to the client's exact bytes and flags,
+// whatever the encoder writes today.
+func TestCodec2EntriesStillDecode(t *testing.T) {
+	c := newTestCodec(t, nil)
+	data, err := os.ReadFile(codec2File)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, line := range strings.Split(string(data), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(fields) != 7 {
+			t.Fatalf("bad line %.60q", line)
+		}
+		name := fields[0]
+		key, value, stored := unhex(t, fields[1]), unhex(t, fields[4]), unhex(t, fields[6])
+		bind := fields[2] == "true"
+		flags, err1 := strconv.ParseUint(fields[3], 10, 32)
+		sf, err2 := strconv.ParseUint(fields[5], 0, 32)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("bad line %.60q", line)
+		}
+		t.Run(name, func(t *testing.T) {
+			if codecOf(stored) != CodecPostings {
+				t.Fatalf("entry of codec %d, want %d", codecOf(stored), CodecPostings)
+			}
+			mustDecodeTo(t, c, key, bind, uint32(sf), stored, value, uint32(flags))
+		})
+		seen++
+	}
+	if seen < 10 {
+		t.Fatalf("%d codec-2 entries, want at least 10", seen)
+	}
+}
