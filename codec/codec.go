@@ -137,8 +137,12 @@ const (
 	// format, not the framed stream).
 	CodecSnappy = 1
 	// CodecPostings stores a raw postings list as the gaps between its
-	// references (postings.go).
+	// references, as uvarints (postings.go). Written today only for lists
+	// of 64-bit references, or with Config.PostingsCodec2.
 	CodecPostings = 2
+	// CodecPostingsPacked stores a raw postings list of 32-bit references
+	// as bit-packed blocks of gaps (packed.go).
+	CodecPostingsPacked = 3
 )
 
 // Codec envelopes values and verifies envelopes. It holds only settings, so
@@ -149,6 +153,7 @@ type Codec struct {
 	minSize    int
 	minSavings float64
 	postings   bool
+	codec2     bool   // write codec 2 where codec 3 would do
 	maxValue   uint64 // 0: as long as the format records
 }
 
@@ -162,6 +167,7 @@ func New(cfg Config) (*Codec, error) {
 		minSize:    cfg.MinSize,
 		minSavings: cfg.MinSavings,
 		postings:   cfg.Postings,
+		codec2:     cfg.PostingsCodec2,
 		maxValue:   uint64(max(cfg.MaxValueSize, 0)),
 	}
 	for _, p := range cfg.Prefixes {

@@ -38,12 +38,26 @@ func goldenCases() []fixture {
 		// each layout, its stream raw and snappy-compressed, and values
 		// that are no list, which must be stored as by AppendEncode.
 		{"postings-tsdb", testKey, false, 0, append(binary.BigEndian.AppendUint32(nil, 30), postingsPayload(120, 15)...)},
-		{"postings-u32-snappy-stream", testKey, false, 3, postingsRuns(800, 16)},
+		{"postings-u32-runs", testKey, false, 3, postingsRuns(800, 16)},
 		{"postings-u32-bound", rewrittenKey, true, 1 << DefaultFlagBit, postingsPayload(200, 17)},
 		{"postings-u64", testKey, false, 0, u64Postings(10, 18)},
+		{"postings-consecutive-snappy", testKey, false, 0, consecutive(1000)},
+		{"postings-sparse", testKey, false, 0, sparseList(400, 19)},
+		{"postings-u32-codec2-where-packing-loses", testKey, false, 0, alternatingGaps(100)},
 		{"postings-not-a-list", testKey, false, 7, seriesPayload(400, 11)},
 		{"postings-not-ascending-snappy", testKey, false, 0, bytes.Repeat([]byte{0, 0, 1, 0, 0, 0, 0, 1}, 10)},
 	}
+}
+
+// alternatingGaps is a list of n references whose gaps alternate between 1
+// and 2^20: bit-packed, half of them are exceptions, and the uvarint stream
+// of codec 2 is shorter.
+func alternatingGaps(n int) []byte {
+	refs := make([]uint32, n)
+	for i := 1; i < n; i++ {
+		refs[i] = refs[i-1] + 1 + uint32(i%2)*(1<<20-1)
+	}
+	return u32s(refs...)
 }
 
 // goldenEncode encodes a golden case as the proxy would: "postings-" cases

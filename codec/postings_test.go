@@ -113,6 +113,12 @@ func postingsCodec(t testing.TB) *Codec {
 	return newTestCodec(t, func(cfg *Config) { cfg.MinSize = 0 })
 }
 
+// codec2Codec is postingsCodec writing codec 2, as sidecars did before
+// codec 3 and do with Config.PostingsCodec2.
+func codec2Codec(t testing.TB) *Codec {
+	return newTestCodec(t, func(cfg *Config) { cfg.MinSize = 0; cfg.PostingsCodec2 = true })
+}
+
 func TestPostingsRoundTrip(t *testing.T) {
 	c := postingsCodec(t)
 	values := map[string][]byte{
@@ -169,10 +175,12 @@ func consecutive(n int) []byte {
 
 func TestPostingsCodecChosenForRawPostings(t *testing.T) {
 	// Raw postings of every layout, long enough to pass the default
-	// minimum size, take the postings codec and under a seventh of their
-	// size (gaps constant within runs); through AppendEncode, or with Config.Postings off, they
-	// are enveloped exactly as before.
+	// minimum size, take a postings codec (packed for 32-bit references,
+	// codec 2 for 64-bit ones or when asked) and under a seventh of their
+	// size (gaps constant within runs); through AppendEncode, or with
+	// Config.Postings off, they are enveloped exactly as before.
 	c := newTestCodec(t, nil)
+	c2 := newTestCodec(t, func(cfg *Config) { cfg.PostingsCodec2 = true })
 	off := newTestCodec(t, func(cfg *Config) { cfg.Postings = false })
 	for name, v := range map[string][]byte{
 		"u32":  postingsRuns(40_000, 1),
@@ -180,8 +188,15 @@ func TestPostingsCodecChosenForRawPostings(t *testing.T) {
 		"u64":  u64Postings(5_000, 3),
 	} {
 		stored, _ := c.AppendEncodePostings(nil, testKey, false, 0, v)
-		if codecOf(stored) != CodecPostings {
-			t.Errorf("%s: codec %d, want %d", name, codecOf(stored), CodecPostings)
+		want := byte(CodecPostingsPacked)
+		if name == "u64" {
+			want = CodecPostings
+		}
+		if codecOf(stored) != want {
+			t.Errorf("%s: codec %d, want %d", name, codecOf(stored), want)
+		}
+		if old, _ := c2.AppendEncodePostings(nil, testKey, false, 0, v); codecOf(old) != CodecPostings {
+			t.Errorf("%s: codec %d with PostingsCodec2, want %d", name, codecOf(old), CodecPostings)
 		}
 		if r := float64(len(stored)) / float64(len(v)); r > 1.0/7 {
 			t.Errorf("%s: stored %.3f of its size, want under 1/7", name, r)
@@ -209,7 +224,7 @@ func TestValuesThatAreNoPostingsStoredAsBefore(t *testing.T) {
 }
 
 func TestPostingsStreamSnappyOnlyWhenShorter(t *testing.T) {
-	c := postingsCodec(t)
+	c := codec2Codec(t)
 	// Regular gaps: the stream repeats and snappy shortens it.
 	regular, _ := c.AppendEncodePostings(nil, testKey, false, 0, consecutive(1000))
 	// Random large gaps: the stream has nothing for snappy.
@@ -238,7 +253,7 @@ func TestPostingsStreamSnappyOnlyWhenShorter(t *testing.T) {
 // TestPostingsHandCheckedVector spells a codec-2 envelope out byte by byte,
 // as the package doc describes it, independently of the encoder.
 func TestPostingsHandCheckedVector(t *testing.T) {
-	c := postingsCodec(t)
+	c := codec2Codec(t)
 	v := tsdbList(5, 6, 200)
 	stored, sf := c.AppendEncodePostings(nil, []byte("k"), false, 1, v)
 	// Header 0x42 (version 1, codec 2), CRC, length 16, form 0 (TSDB, raw
@@ -308,8 +323,8 @@ func TestPostingsAllocations(t *testing.T) {
 	c := newTestCodec(t, nil)
 	for _, v := range [][]byte{postingsPayload(16<<10, 1), postingsPayload(1<<20, 2), tsdbPostings(300, 3), u64Postings(1000, 4)} {
 		stored, sf := c.AppendEncodePostings(nil, testKey, false, 9, v)
-		if codecOf(stored) != CodecPostings {
-			t.Fatalf("%d bytes took codec %d", len(v), codecOf(stored))
+		if id := codecOf(stored); id != CodecPostings && id != CodecPostingsPacked {
+			t.Fatalf("%d bytes took codec %d", len(v), id)
 		}
 		if len(stored) > len(v)+MaxHeaderLen {
 			t.Fatalf("%d bytes stored for %d, beyond the documented bound", len(stored), len(v))
