@@ -326,21 +326,22 @@ func expandPacked(out, stream []byte) bool {
 			j += e
 			last := -1
 			for _, p := range pos {
+				// exception, inlined: most blocks have a few.
 				var h uint64
-				if j < len(stream) && stream[j] < 0x80 {
-					h = uint64(stream[j])
-					j++
+				var k int
+				if len(stream)-j >= 8 {
+					b := binary.LittleEndian.Uint64(stream[j:])
+					k = bits.TrailingZeros64(^b&0x8080808080808080)/8 + 1
+					b &= 1<<(8*(k&7)) - 1
+					h = b&0x7f | b>>1&(0x7f<<7) | b>>2&(0x7f<<14) | b>>3&(0x7f<<21) | b>>4&(0x7f<<28)
 				} else {
-					var k int
-					if h, k = binary.Uvarint(stream[j:]); k <= 0 {
-						return false
-					}
-					j += k
+					h, k = exception(stream[j:])
 				}
-				if int(p) <= last || int(p) >= n || h == 0 || h>>(32-w) != 0 {
+				if k <= 0 || k > 5 || int(p) <= last || int(p) >= n || h == 0 || h>>(32-w) != 0 {
 					return false
 				}
-				vals[p] |= uint32(h) << w
+				j += k
+				vals[p&(blockLen-1)] |= uint32(h) << w
 				last = int(p)
 			}
 		}
@@ -365,6 +366,28 @@ func expandPacked(out, stream []byte) bool {
 		out = out[4*n:]
 	}
 	return j == len(stream)
+}
+
+// exception reads the high bits of an exception: a uvarint of at most
+// five bytes (32 bits need no more), as binary.Uvarint reads it. Where
+// eight bytes are left it reads them at once and finds the last byte
+// without a branch per byte: the length of an exception is data, and a
+// mispredicted branch per exception would cost more than the arithmetic.
+func exception(b []byte) (uint64, int) {
+	if len(b) < 8 {
+		h, k := binary.Uvarint(b)
+		if k > 5 {
+			return 0, 0
+		}
+		return h, k
+	}
+	w := binary.LittleEndian.Uint64(b)
+	k := bits.TrailingZeros64(^w&0x8080808080808080)/8 + 1
+	if k > 5 {
+		return 0, 0
+	}
+	w &= 1<<(8*k) - 1
+	return w&0x7f | w>>1&(0x7f<<7) | w>>2&(0x7f<<14) | w>>3&(0x7f<<21) | w>>4&(0x7f<<28), k
 }
 
 // expandOrder1 writes a full block of gaps less one after reference x,
