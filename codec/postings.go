@@ -14,8 +14,9 @@ import (
 // differences, each as a uvarint, it takes about a quarter of its size, and
 // snappy then halves that stream again (runs of equal gaps repeat).
 //
-// The postings codec (id 2) recognises three layouts and gives each back
-// byte for byte; the package doc has the payload's layout.
+// The postings codecs recognise three layouts and give each back byte for
+// byte: codec 2 (this file) stores the uvarint stream, codec 3 (packed.go)
+// bit-packed blocks of gaps; the package doc has the payloads' layouts.
 const (
 	// layoutTSDB is a TSDB index postings list: a 4-byte big-endian count,
 	// then exactly that many big-endian uint32 references.
