@@ -200,9 +200,13 @@ func forEachPostings(b *testing.B, codecs bool, run func(b *testing.B, c *Codec,
 func benchPostingsEncode(b *testing.B, c *Codec, v []byte) {
 	dst := make([]byte, 0, MaxEncodedLen(len(v)))
 	var stored []byte
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	start := threadCPU()
 	for b.Loop() {
 		stored, _ = c.AppendEncodePostings(dst, testKey, false, 0, v)
 	}
+	reportCPU(b, len(v), start)
 	b.ReportMetric(float64(len(stored))/float64(len(v)), "stored/value")
 }
 

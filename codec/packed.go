@@ -110,24 +110,30 @@ func putPacked(out, v []byte, layout byte) (int, bool) {
 }
 
 // bestWidth returns the width at which the values take fewest bytes as a
-// block, with what lies above it stored as exceptions, and that size.
+// block, with what lies above it stored as exceptions, and that size; on
+// a tie, the widest (no exceptions), else the narrowest. It lowers the
+// width one bit at a time from the widest value down, counting what each
+// step adds: the values one bit wider become exceptions of one byte, and
+// those whose bits above the width reach a further multiple of 7 need one
+// more uvarint byte.
 func bestWidth(vals []uint32) (width, size int) {
 	var hist [33]int // hist[l]: values of bit length l
-	top := 0
+	var all uint32
 	for _, x := range vals {
-		l := bits.Len32(x)
-		hist[l]++
-		top = max(top, l)
+		hist[bits.Len32(x)]++
+		all |= x
 	}
+	top := bits.Len32(all)
 	n := len(vals)
 	width, size = top, blockSize(n, top, 0, 0)
-	for w := 0; w < top; w++ {
-		e, high := 0, 0
-		for l := w + 1; l <= top; l++ {
-			e += hist[l]
-			high += hist[l] * ((l - w + 6) / 7)
+	e, high := 0, 0
+	for w := top - 1; w >= 0; w-- {
+		e += hist[w+1]
+		high += hist[w+1]
+		for l := w + 8; l <= top; l += 7 {
+			high += hist[l]
 		}
-		if s := blockSize(n, w, e, high); s < size {
+		if s := blockSize(n, w, e, high); s < size || (s == size && width < top) {
 			width, size = w, s
 		}
 	}
@@ -170,16 +176,17 @@ func putBlock(out []byte, vals []uint32, hdr byte, w int) int {
 	for _, x := range vals {
 		acc |= (uint64(x) & mask) << have
 		have += w
-		for have >= 8 {
-			out[k] = byte(acc)
-			k++
-			acc >>= 8
-			have -= 8
+		if have >= 32 {
+			binary.LittleEndian.PutUint32(out[k:], uint32(acc))
+			k += 4
+			acc >>= 32
+			have -= 32
 		}
 	}
-	if have > 0 {
+	for ; have > 0; have -= 8 {
 		out[k] = byte(acc)
 		k++
+		acc >>= 8
 	}
 	if e > 0 {
 		for i, x := range vals {
