@@ -74,10 +74,10 @@ func putPacked(out, v []byte, layout byte) (int, bool) {
 	if count == 0 {
 		return 0, true
 	}
-	if len(out) < binary.MaxVarintLen32 {
+	prev := binary.BigEndian.Uint32(v)
+	if uvarintLen32(prev) > len(out) {
 		return 0, false
 	}
-	prev := binary.BigEndian.Uint32(v)
 	k := binary.PutUvarint(out, uint64(prev))
 	gap := uint32(firstGap)
 	var o1, o2 [blockLen]uint32

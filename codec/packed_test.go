@@ -39,6 +39,25 @@ func TestPackedHandCheckedVector(t *testing.T) {
 	mustDecodeTo(t, c, []byte("k"), false, sf, stored, v, 1)
 }
 
+func TestShortListsTakeCodec3(t *testing.T) {
+	// The packed stream of a short list is as short as its uvarint
+	// stream: a list of one reference is its uvarint, and needs no more
+	// room than codec 2 would.
+	c := postingsCodec(t)
+	for name, v := range map[string][]byte{
+		"tsdb count 0": u32s(0),
+		"tsdb one":     tsdbList(42),
+		"u32 one":      u32s(42),
+		"tsdb three":   tsdbList(5, 6, 200),
+	} {
+		stored, sf := c.AppendEncodePostings(nil, testKey, false, 0, v)
+		if id := codecOf(stored); id != CodecPostingsPacked && id != CodecNone {
+			t.Errorf("%s: codec %d, want %d (or none when nothing is saved)", name, id, CodecPostingsPacked)
+		}
+		mustDecodeTo(t, c, testKey, false, sf, stored, v, 0)
+	}
+}
+
 func TestPackedRefusals(t *testing.T) {
 	c := postingsCodec(t)
 	key := testKey
