@@ -1,8 +1,12 @@
 package codec
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/golang/snappy"
 )
@@ -131,19 +135,112 @@ func benchSnappyDecode(b *testing.B, v []byte) {
 	}
 }
 
-// Postings benchmarks measure the postings codec on raw postings lists of
-// 100, 10,000 and 1,000,000 references (gaps constant within runs, the
-// issue's shape), against bare snappy on the same bytes. MB/s counts the
-// raw list; stored/value is what the envelope keeps of it.
+// Postings benchmarks measure the postings codecs on raw postings lists of
+// 100, 10,000 and 1,000,000 references in four shapes: runs of constant
+// gaps with occasional jumps (the shape), the same with gaps
+// varying by up to 2 within a run, consecutive references, and sparse
+// lists of random gaps up to 4096. Each list is encoded with codec 3, as
+// written today, and with codec 2, as written before it (old items are
+// still read), so that one run compares them interleaved. Bare snappy on
+// the same bytes is the yardstick. MB/s counts the raw list; stored/value
+// is what the envelope keeps of it.
 var postingsRefs = []int{100, 10_000, 1_000_000}
 
-func forEachPostings(b *testing.B, run func(b *testing.B, v []byte)) {
-	for _, refs := range postingsRefs {
-		runSized(b, fmt.Sprintf("refs=%d", refs), postingsRuns(4*refs, 1), run)
+var postingsShapes = []benchInput{
+	{"runs", postingsRuns},
+	{"jitter", postingsPayload},
+	{"consecutive", consecutiveList},
+	{"sparse", sparseList},
+}
+
+// consecutiveList is size bytes of consecutive references from 1,000.
+func consecutiveList(size int, _ uint64) []byte {
+	out := make([]byte, 0, size)
+	for i := uint32(1000); len(out)+4 <= size; i++ {
+		out = binary.BigEndian.AppendUint32(out, i)
+	}
+	return out
+}
+
+// sparseList is size bytes of references with random gaps from 1 to
+// 4096, as a rare label value's postings spread over a block.
+func sparseList(size int, seed uint64) []byte {
+	r := rand.New(rand.NewPCG(seed, 0x5a45))
+	out := make([]byte, 0, size)
+	x := uint32(r.IntN(4096))
+	for len(out)+4 <= size {
+		out = binary.BigEndian.AppendUint32(out, x)
+		x += 1 + uint32(r.IntN(4096))
+	}
+	return out
+}
+
+func forEachPostings(b *testing.B, codecs bool, run func(b *testing.B, c *Codec, v []byte)) {
+	for _, shape := range postingsShapes {
+		for _, refs := range postingsRefs {
+			if refs == 1_000_000 && shape.name == "sparse" {
+				continue // 4,096 × 10^6 is past 32 bits
+			}
+			v := shape.gen(4*refs, 1)
+			if !codecs {
+				runSized(b, fmt.Sprintf("%s/refs=%d", shape.name, refs), v, func(b *testing.B, v []byte) { run(b, nil, v) })
+				continue
+			}
+			for _, codec2 := range []bool{false, true} {
+				c := newTestCodec(b, func(cfg *Config) { cfg.PostingsCodec2 = codec2 })
+				id := map[bool]int{false: CodecPostingsPacked, true: CodecPostings}[codec2]
+				runSized(b, fmt.Sprintf("%s/refs=%d/codec=%d", shape.name, refs, id), v, func(b *testing.B, v []byte) { run(b, c, v) })
+			}
+		}
 	}
 }
 
-func BenchmarkPostingsEncode(b *testing.B)       { forEachPostings(b, benchEncode) }
-func BenchmarkPostingsDecode(b *testing.B)       { forEachPostings(b, benchDecode) }
-func BenchmarkPostingsSnappyEncode(b *testing.B) { forEachPostings(b, benchSnappyEncode) }
-func BenchmarkPostingsSnappyDecode(b *testing.B) { forEachPostings(b, benchSnappyDecode) }
+// benchPostingsEncode and benchPostingsDecode are benchEncode and
+// benchDecode with the codec given.
+func benchPostingsEncode(b *testing.B, c *Codec, v []byte) {
+	dst := make([]byte, 0, MaxEncodedLen(len(v)))
+	var stored []byte
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	start := threadCPU()
+	for b.Loop() {
+		stored, _ = c.AppendEncodePostings(dst, testKey, false, 0, v)
+	}
+	reportCPU(b, len(v), start)
+	b.ReportMetric(float64(len(stored))/float64(len(v)), "stored/value")
+}
+
+func benchPostingsDecode(b *testing.B, c *Codec, v []byte) {
+	stored, sf := c.AppendEncodePostings(nil, testKey, false, 0, v)
+	dst, _, err := c.AppendDecode(nil, testKey, false, sf, stored)
+	if err != nil {
+		b.Fatal(err)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	start := threadCPU()
+	for b.Loop() {
+		if _, _, err := c.AppendDecode(dst[:0], testKey, false, sf, stored); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reportCPU(b, len(v), start)
+	b.ReportMetric(float64(len(stored))/float64(len(v)), "stored/value")
+}
+
+// reportCPU reports the bytes of v processed per second of the thread's
+// CPU time since start (see threadCPU), when it is measured.
+func reportCPU(b *testing.B, n int, start time.Duration) {
+	if cpu := threadCPU() - start; cpu > 0 {
+		b.ReportMetric(float64(n)*float64(b.N)/cpu.Seconds()/1e6, "MB/cpu-s")
+	}
+}
+
+func BenchmarkPostingsEncode(b *testing.B) { forEachPostings(b, true, benchPostingsEncode) }
+func BenchmarkPostingsDecode(b *testing.B) { forEachPostings(b, true, benchPostingsDecode) }
+func BenchmarkPostingsSnappyEncode(b *testing.B) {
+	forEachPostings(b, false, func(b *testing.B, _ *Codec, v []byte) { benchSnappyEncode(b, v) })
+}
+func BenchmarkPostingsSnappyDecode(b *testing.B) {
+	forEachPostings(b, false, func(b *testing.B, _ *Codec, v []byte) { benchSnappyDecode(b, v) })
+}

@@ -30,7 +30,9 @@
 //	                          payload together are one snappy block
 //	                2 postings: one form byte, then the list's uvarint
 //	                          stream, or a snappy block of it (see below)
-//	                3-15:     reserved
+//	                3 packed postings: one form byte, then the list's
+//	                          packed stream, or a snappy block of it
+//	                4-15:     reserved
 //
 // The CRC-32C input is the client's flags as 4 little-endian bytes, then the
 // client key when B = 0 (nothing is stored for it: the upstream key is then
@@ -122,6 +124,52 @@
 // items as refused (ReasonUnknownCodec), a miss: turn Config.Postings off
 // while any of them still reads the upstreams.
 //
+// # Packed postings codec
+//
+// A list of 32-bit references (layouts tsdb and u32) is written with codec
+// 3, which decodes several times faster than codec 2 and stores less;
+// codec 2 is still written for u64 lists, for a list whose packed stream
+// would be longer than its uvarint stream, and with Config.PostingsCodec2.
+// Both are always read. The payload:
+//
+//	offset  size  field
+//	0       1     form: bits 1-0 layout (0 tsdb, 1 u32), bit 2 S (the
+//	              stream is a snappy block), bits 7-3 zero
+//	1       ...   the packed stream (S = 0), or a snappy block of it
+//	              (S = 1), kept only when it saves a quarter of the stream
+//
+// The packed stream of c references is empty when c = 0; otherwise it is
+// the first reference as a uvarint, then the c-1 gaps to each next
+// reference in blocks of 32 (the last block holds what is left, k gaps).
+// A block:
+//
+//	size         field
+//	1            header: bits 5-0 width w (0-32), bit 6 P (exceptions
+//	             follow), bit 7 O (order 2)
+//	1, if P      e, the number of exceptions, 1 to k
+//	(k*w+7)/8    the low w bits of the k values, value i in bits i*w to
+//	             i*w+w-1 counted from bit 0 of the block's first byte
+//	e, if P      the positions of the exceptions in the block, strictly
+//	             ascending
+//	..., if P    for each exception, the value's bits above w: a uvarint
+//	             of one to five bytes, not 0, below 2^(32-w)
+//
+// With O = 0 a value is its gap less one; with O = 1 it is the gap minus
+// the gap before it (1 before the first gap), zigzag-encoded: d >= 0 is
+// 2d, d < 0 is -2d-1. Runs of equal gaps are thus order-2 values of 0, a
+// block of them a single header byte. The encoder picks for each block the
+// order and width that take fewest bytes. Decoding refuses, before sizing
+// any memory, a length that is no whole list in the layout, a stream
+// shorter than a byte for the first reference and one per block, and a
+// snappy stream longer than its block can expand to; then a width over 32,
+// exceptions at width 32, a gap below one, a reference over 32 bits, or
+// bytes left over. Its output buffer holds n bytes plus, for S = 1, the
+// stream decompressed behind them.
+//
+// Proxies that know codec 2 but not codec 3 read codec-3 items as refused
+// (ReasonUnknownCodec, not Damaged, so never deleted), a miss: set
+// Config.PostingsCodec2 while any of them still reads the upstreams.
+//
 // Changing the reserved bit, like changing the format, needs the upstreams
 // flushed: items written under the old bit would pass through as plain
 // values.
@@ -137,8 +185,12 @@ const (
 	// format, not the framed stream).
 	CodecSnappy = 1
 	// CodecPostings stores a raw postings list as the gaps between its
-	// references (postings.go).
+	// references, as uvarints (postings.go). Written today only for lists
+	// of 64-bit references, or with Config.PostingsCodec2.
 	CodecPostings = 2
+	// CodecPostingsPacked stores a raw postings list of 32-bit references
+	// as bit-packed blocks of gaps (packed.go).
+	CodecPostingsPacked = 3
 )
 
 // Codec envelopes values and verifies envelopes. It holds only settings, so
@@ -149,6 +201,7 @@ type Codec struct {
 	minSize    int
 	minSavings float64
 	postings   bool
+	codec2     bool   // write codec 2 where codec 3 would do
 	maxValue   uint64 // 0: as long as the format records
 }
 
@@ -162,6 +215,7 @@ func New(cfg Config) (*Codec, error) {
 		minSize:    cfg.MinSize,
 		minSavings: cfg.MinSavings,
 		postings:   cfg.Postings,
+		codec2:     cfg.PostingsCodec2,
 		maxValue:   uint64(max(cfg.MaxValueSize, 0)),
 	}
 	for _, p := range cfg.Prefixes {

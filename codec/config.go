@@ -37,10 +37,17 @@ type Config struct {
 	// save for the compressed form to be stored.
 	MinSavings float64
 	// Postings stores raw postings lists under postings-bearing keys with
-	// the postings codec (id 2) when that takes fewest bytes. Proxies of
-	// an older version read such items as misses (unknown codec): keep it
-	// off while one of them still reads the same upstreams.
+	// a postings codec (id 3, or 2, see PostingsCodec2) when that takes
+	// fewest bytes. Proxies of a version without postings codecs read such
+	// items as misses (unknown codec): keep it off while one of them still
+	// reads the same upstreams.
 	Postings bool
+	// PostingsCodec2 writes raw postings lists with codec 2 (uvarint
+	// gaps) where codec 3 (bit-packed gaps, several times faster to
+	// decode) would be used. Sidecars that know codec 2 but not codec 3
+	// read codec-3 items as misses: turn it on while one of them still
+	// reads the same upstreams. Both are always read.
+	PostingsCodec2 bool
 	// MaxValueSize, when above 0, is the longest value the caller ever
 	// envelopes: a stored envelope that records a longer one is refused
 	// before memory is sized for it, so a forged item cannot make a read
@@ -63,7 +70,9 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.MinSize, "codec-min-size", 64, "smallest enveloped value (bytes) worth trying to compress with snappy")
 	fs.Float64Var(&c.MinSavings, "codec-min-savings", 0.1, "fraction of its size that compressing must save for a value to be stored compressed (0-1; 1 never compresses)")
 	fs.BoolVar(&c.Postings, "codec-postings", true,
-		"store raw postings lists (TSDB count-prefixed, or ascending big-endian uint32/uint64 arrays) under postings-bearing keys as delta uvarints then snappy, when that takes fewest bytes; turn off while proxies without this codec still read the same upstreams (they see those items as misses)")
+		"store raw postings lists (TSDB count-prefixed, or ascending big-endian uint32/uint64 arrays) under postings-bearing keys as their gaps (bit-packed, codec 3; uvarints then snappy, codec 2, for 64-bit references), when that takes fewest bytes; turn off while proxies without this codec still read the same upstreams (they see those items as misses)")
+	fs.BoolVar(&c.PostingsCodec2, "codec-postings-codec2", false,
+		"write raw postings lists with the older codec 2 (uvarint gaps) instead of codec 3 (bit-packed gaps, faster to decode); turn on while sidecars that read codec 2 but not codec 3 still read the same upstreams (they see codec-3 items as misses)")
 	fs.BoolVar(&c.DeleteCorrupt, "codec-delete-corrupt", false,
 		"also delete an item upstream when its envelope is damaged (it is a miss either way, and the client's refill overwrites it); items of another key or a newer format are never deleted")
 }

@@ -109,8 +109,8 @@ func (c *Codec) appendEncode(dst, key []byte, bindKey bool, flags uint32, value 
 	body := plain - lenAt
 	limit := body - c.requiredSavings(n)
 	if tryPostings {
-		if m := c.encodePostings(dst[start+lenAt:start+snappyAt], value, pl); m <= limit {
-			codec, body = CodecPostings, m
+		if m, id := c.encodePostings(dst[start+lenAt:start+snappyAt], value, pl); m <= limit {
+			codec, body = id, m
 		}
 	}
 	if codec == CodecNone {
@@ -216,6 +216,12 @@ func (c *Codec) AppendDecode(dst, key []byte, bindKey bool, storedFlags uint32, 
 		return out, flags, nil
 	case CodecPostings:
 		out, err := appendPostings(dst, n, payload)
+		if err != nil {
+			return dst, 0, err
+		}
+		return out, flags, nil
+	case CodecPostingsPacked:
+		out, err := appendPacked(dst, n, payload)
 		if err != nil {
 			return dst, 0, err
 		}

@@ -279,7 +279,7 @@ func TestEveryRefusalHasItsReason(t *testing.T) {
 		{"changed checksum byte", testKey, false, pf, edit(plain, func(s []byte) []byte { s[crcOffset] ^= 1; return s }), ErrChecksumMismatch},
 		{"changed upstream flags", testKey, false, pf | 1, plain, ErrChecksumMismatch},
 		{"unbound envelope read for another key", []byte("P2:tenant-2:x"), false, pf, plain, ErrChecksumMismatch},
-		{"codec 3 (not yet known)", testKey, false, pf, edit(plain, func(s []byte) []byte { s[0] |= 3; return reseal(c, pf, testKey, s) }), ErrUnknownCodec},
+		{"codec 4 (not yet known)", testKey, false, pf, edit(plain, func(s []byte) []byte { s[0] |= 4; return reseal(c, pf, testKey, s) }), ErrUnknownCodec},
 		{"codec 15", testKey, false, pf, edit(plain, func(s []byte) []byte { s[0] |= 15; return reseal(c, pf, testKey, s) }), ErrUnknownCodec},
 		{"plain value longer than recorded", testKey, false, pf, edit(plain, func(s []byte) []byte { return reseal(c, pf, testKey, append(s, 'x')) }), ErrLengthMismatch},
 		{"plain value shorter than recorded", testKey, false, pf, edit(plain, func(s []byte) []byte { return reseal(c, pf, testKey, s[:len(s)-1]) }), ErrLengthMismatch},

@@ -77,7 +77,7 @@ func FuzzDecode(f *testing.F) {
 	})
 }
 
-// fuzzPostingsPayload reads arbitrary stored bytes as a codec-2 envelope
+// fuzzPostingsPayload reads arbitrary stored bytes as a codec-2 and a codec-3 envelope
 // with a valid checksum, as no random input would be, so that the fuzzer
 // reaches the postings decoder: it must never panic, and what it accepts
 // must be a postings list of the recorded length.
@@ -85,18 +85,20 @@ func fuzzPostingsPayload(t *testing.T, c *Codec, key []byte, bind bool, sf uint3
 	if len(raw) < minEnvelope {
 		return
 	}
-	s := bytes.Clone(raw)
-	s[0] = version<<versionShift | s[0]&(bitBound|bitReserved) | CodecPostings
-	s = reseal(c, sf, key, s)
-	v, _, err := c.AppendDecode(nil, key, bind, sf, s)
-	if err != nil {
-		if ReasonOf(err) == 0 {
-			t.Fatalf("refusal without a reason: %v", err)
+	for _, id := range []byte{CodecPostings, CodecPostingsPacked} {
+		s := bytes.Clone(raw)
+		s[0] = version<<versionShift | s[0]&(bitBound|bitReserved) | id
+		s = reseal(c, sf, key, s)
+		v, _, err := c.AppendDecode(nil, key, bind, sf, s)
+		if err != nil {
+			if ReasonOf(err) == 0 {
+				t.Fatalf("refusal without a reason: %v", err)
+			}
+			continue
 		}
-		return
-	}
-	if _, ok := detectPostings(v); !ok {
-		t.Fatalf("codec 2 decoded to %x, which is no postings list", v)
+		if _, ok := detectPostings(v); !ok {
+			t.Fatalf("codec %d decoded to %x, which is no postings list", id, v)
+		}
 	}
 }
 

@@ -38,12 +38,26 @@ func goldenCases() []fixture {
 		// each layout, its stream raw and snappy-compressed, and values
 		// that are no list, which must be stored as by AppendEncode.
 		{"postings-tsdb", testKey, false, 0, append(binary.BigEndian.AppendUint32(nil, 30), postingsPayload(120, 15)...)},
-		{"postings-u32-snappy-stream", testKey, false, 3, postingsRuns(800, 16)},
+		{"postings-u32-runs", testKey, false, 3, postingsRuns(800, 16)},
 		{"postings-u32-bound", rewrittenKey, true, 1 << DefaultFlagBit, postingsPayload(200, 17)},
 		{"postings-u64", testKey, false, 0, u64Postings(10, 18)},
+		{"postings-consecutive-snappy", testKey, false, 0, consecutive(1000)},
+		{"postings-sparse", testKey, false, 0, sparseList(400, 19)},
+		{"postings-u32-codec2-where-packing-loses", testKey, false, 0, alternatingGaps(100)},
 		{"postings-not-a-list", testKey, false, 7, seriesPayload(400, 11)},
 		{"postings-not-ascending-snappy", testKey, false, 0, bytes.Repeat([]byte{0, 0, 1, 0, 0, 0, 0, 1}, 10)},
 	}
+}
+
+// alternatingGaps is a list of n references whose gaps alternate between 1
+// and 2^20: bit-packed, half of them are exceptions, and the uvarint stream
+// of codec 2 is shorter.
+func alternatingGaps(n int) []byte {
+	refs := make([]uint32, n)
+	for i := 1; i < n; i++ {
+		refs[i] = refs[i-1] + 1 + uint32(i%2)*(1<<20-1)
+	}
+	return u32s(refs...)
 }
 
 // goldenEncode encodes a golden case as the proxy would: "postings-" cases
@@ -154,5 +168,49 @@ func TestHandCheckedVector(t *testing.T) {
 	want := []byte{0x40, byte(crc), byte(crc >> 8), byte(crc >> 16), byte(crc >> 24), 2, 'h', 'i'}
 	if !bytes.Equal(stored, want) || sf != 0x40000001 {
 		t.Fatalf("got %#08x % x, want 0x40000001 % x", sf, stored, want)
+	}
+}
+
+// codec2File holds postings entries as the encoder wrote them before codec
+// 3 existed: items already in caches. It is never regenerated.
+const codec2File = "testdata/postings-codec2.txt"
+
+// TestCodec2EntriesStillDecode reads postings entries written by the
+// codec-2 encoder (every layout, raw and snappy streams, bound and not) and
+// checks that each still decodes to the client's exact bytes and flags,
+// whatever the encoder writes today.
+func TestCodec2EntriesStillDecode(t *testing.T) {
+	c := newTestCodec(t, nil)
+	data, err := os.ReadFile(codec2File)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, line := range strings.Split(string(data), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(fields) != 7 {
+			t.Fatalf("bad line %.60q", line)
+		}
+		name := fields[0]
+		key, value, stored := unhex(t, fields[1]), unhex(t, fields[4]), unhex(t, fields[6])
+		bind := fields[2] == "true"
+		flags, err1 := strconv.ParseUint(fields[3], 10, 32)
+		sf, err2 := strconv.ParseUint(fields[5], 0, 32)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("bad line %.60q", line)
+		}
+		t.Run(name, func(t *testing.T) {
+			if codecOf(stored) != CodecPostings {
+				t.Fatalf("entry of codec %d, want %d", codecOf(stored), CodecPostings)
+			}
+			mustDecodeTo(t, c, key, bind, uint32(sf), stored, value, uint32(flags))
+		})
+		seen++
+	}
+	if seen < 10 {
+		t.Fatalf("%d codec-2 entries, want at least 10", seen)
 	}
 }

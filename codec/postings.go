@@ -14,8 +14,9 @@ import (
 // differences, each as a uvarint, it takes about a quarter of its size, and
 // snappy then halves that stream again (runs of equal gaps repeat).
 //
-// The postings codec (id 2) recognises three layouts and gives each back
-// byte for byte; the package doc has the payload's layout.
+// The postings codecs recognise three layouts and give each back byte for
+// byte: codec 2 (this file) stores the uvarint stream, codec 3 (packed.go)
+// bit-packed blocks of gaps; the package doc has the payloads' layouts.
 const (
 	// layoutTSDB is a TSDB index postings list: a 4-byte big-endian count,
 	// then exactly that many big-endian uint32 references.
@@ -116,13 +117,21 @@ func postingsRoom(n, streamLen int) int {
 	return uvarintLen(uint64(n)) + 1 + streamLen + maxSnappyLen(streamLen)
 }
 
-// encodePostings writes the decoded length and the codec-2 payload of
-// value, a list detectPostings accepted as pl, at the start of body, which
-// has postingsRoom bytes, and returns how many bytes it wrote. The stream
-// is written first, then snappy's block of it right behind; the block
-// replaces the stream only when it is shorter.
-func (c *Codec) encodePostings(body, value []byte, pl postingsList) int {
+// encodePostings writes the decoded length and the payload of value, a
+// list detectPostings accepted as pl, at the start of body, which has
+// postingsRoom bytes, and returns how many bytes it wrote and the codec.
+// A list of 32-bit references takes codec 3 when its packed stream fits in
+// the room of the uvarint stream, as it does unless its gaps are unusual;
+// otherwise, and for 64-bit references, the uvarint stream is written,
+// then snappy's block of it right behind, which replaces the stream only
+// when it is shorter.
+func (c *Codec) encodePostings(body, value []byte, pl postingsList) (int, byte) {
 	k := binary.PutUvarint(body, uint64(len(value)))
+	if pl.layout != layoutU64 && !c.codec2 {
+		if m, ok := c.encodePacked(body[k:], value, pl.layout, pl.streamLen); ok {
+			return k + m, CodecPostingsPacked
+		}
+	}
 	body[k] = pl.layout
 	stream := body[k+1 : k+1+pl.streamLen]
 	// A stream shorter than detectPostings counted would be a bug; one
@@ -133,9 +142,9 @@ func (c *Codec) encodePostings(body, value []byte, pl postingsList) int {
 	if enc := c.encodeSnappy(block, stream); enc > 0 && enc < w {
 		copy(body[k+1:], block[:enc])
 		body[k] |= streamSnappy
-		return k + 1 + enc
+		return k + 1 + enc, CodecPostings
 	}
-	return k + 1 + w
+	return k + 1 + w, CodecPostings
 }
 
 // putStream writes the uvarint stream of a postings list: the first

@@ -113,6 +113,12 @@ func postingsCodec(t testing.TB) *Codec {
 	return newTestCodec(t, func(cfg *Config) { cfg.MinSize = 0 })
 }
 
+// codec2Codec is postingsCodec writing codec 2, as sidecars did before
+// codec 3 and do with Config.PostingsCodec2.
+func codec2Codec(t testing.TB) *Codec {
+	return newTestCodec(t, func(cfg *Config) { cfg.MinSize = 0; cfg.PostingsCodec2 = true })
+}
+
 func TestPostingsRoundTrip(t *testing.T) {
 	c := postingsCodec(t)
 	values := map[string][]byte{
@@ -169,10 +175,12 @@ func consecutive(n int) []byte {
 
 func TestPostingsCodecChosenForRawPostings(t *testing.T) {
 	// Raw postings of every layout, long enough to pass the default
-	// minimum size, take the postings codec and under a seventh of their
-	// size (gaps constant within runs); through AppendEncode, or with Config.Postings off, they
-	// are enveloped exactly as before.
+	// minimum size, take a postings codec (packed for 32-bit references,
+	// codec 2 for 64-bit ones or when asked) and under a seventh of their
+	// size (gaps constant within runs); through AppendEncode, or with
+	// Config.Postings off, they are enveloped exactly as before.
 	c := newTestCodec(t, nil)
+	c2 := newTestCodec(t, func(cfg *Config) { cfg.PostingsCodec2 = true })
 	off := newTestCodec(t, func(cfg *Config) { cfg.Postings = false })
 	for name, v := range map[string][]byte{
 		"u32":  postingsRuns(40_000, 1),
@@ -180,8 +188,15 @@ func TestPostingsCodecChosenForRawPostings(t *testing.T) {
 		"u64":  u64Postings(5_000, 3),
 	} {
 		stored, _ := c.AppendEncodePostings(nil, testKey, false, 0, v)
-		if codecOf(stored) != CodecPostings {
-			t.Errorf("%s: codec %d, want %d", name, codecOf(stored), CodecPostings)
+		want := byte(CodecPostingsPacked)
+		if name == "u64" {
+			want = CodecPostings
+		}
+		if codecOf(stored) != want {
+			t.Errorf("%s: codec %d, want %d", name, codecOf(stored), want)
+		}
+		if old, _ := c2.AppendEncodePostings(nil, testKey, false, 0, v); codecOf(old) != CodecPostings {
+			t.Errorf("%s: codec %d with PostingsCodec2, want %d", name, codecOf(old), CodecPostings)
 		}
 		if r := float64(len(stored)) / float64(len(v)); r > 1.0/7 {
 			t.Errorf("%s: stored %.3f of its size, want under 1/7", name, r)
@@ -209,7 +224,7 @@ func TestValuesThatAreNoPostingsStoredAsBefore(t *testing.T) {
 }
 
 func TestPostingsStreamSnappyOnlyWhenShorter(t *testing.T) {
-	c := postingsCodec(t)
+	c := codec2Codec(t)
 	// Regular gaps: the stream repeats and snappy shortens it.
 	regular, _ := c.AppendEncodePostings(nil, testKey, false, 0, consecutive(1000))
 	// Random large gaps: the stream has nothing for snappy.
@@ -238,7 +253,7 @@ func TestPostingsStreamSnappyOnlyWhenShorter(t *testing.T) {
 // TestPostingsHandCheckedVector spells a codec-2 envelope out byte by byte,
 // as the package doc describes it, independently of the encoder.
 func TestPostingsHandCheckedVector(t *testing.T) {
-	c := postingsCodec(t)
+	c := codec2Codec(t)
 	v := tsdbList(5, 6, 200)
 	stored, sf := c.AppendEncodePostings(nil, []byte("k"), false, 1, v)
 	// Header 0x42 (version 1, codec 2), CRC, length 16, form 0 (TSDB, raw
@@ -308,8 +323,8 @@ func TestPostingsAllocations(t *testing.T) {
 	c := newTestCodec(t, nil)
 	for _, v := range [][]byte{postingsPayload(16<<10, 1), postingsPayload(1<<20, 2), tsdbPostings(300, 3), u64Postings(1000, 4)} {
 		stored, sf := c.AppendEncodePostings(nil, testKey, false, 9, v)
-		if codecOf(stored) != CodecPostings {
-			t.Fatalf("%d bytes took codec %d", len(v), codecOf(stored))
+		if id := codecOf(stored); id != CodecPostings && id != CodecPostingsPacked {
+			t.Fatalf("%d bytes took codec %d", len(v), id)
 		}
 		if len(stored) > len(v)+MaxHeaderLen {
 			t.Fatalf("%d bytes stored for %d, beyond the documented bound", len(stored), len(v))
@@ -355,9 +370,9 @@ func TestMaxEncodedLenBoundsPostings(t *testing.T) {
 // postings: lists of log-uniform length from 10 to 50,000 references, runs
 // of near-constant gaps with occasional large jumps, in two shapes: gaps
 // exactly constant within a run (the shape), and gaps that vary by
-// up to 2 within a run. Snappy alone saves nothing on either. The postings
-// codec cannot go below the uvarint stream's byte per reference unless
-// snappy finds the gaps repeating, so the shapes get different bounds.
+// up to 2 within a run; and, for the record, consecutive references and
+// sparse random gaps. Snappy alone saves nothing on any. Codec 3 must
+// store no more than codec 2 did on every shape.
 func TestPostingsRatio(t *testing.T) {
 	lists := 1000
 	if testing.Short() {
@@ -370,27 +385,38 @@ func TestPostingsRatio(t *testing.T) {
 	}{
 		{"constant gaps within runs", postingsRuns, 1.0 / 7},
 		{"gaps varying by up to 2", postingsPayload, 0.3},
+		{"consecutive", consecutiveList, 0.05},
+		{"sparse gaps up to 4096", sparseList, 0.5},
 	} {
 		t.Run(shape.name, func(t *testing.T) {
-			raw, none, snap, stream, post := postingsRatio(t, lists, shape.gen)
-			t.Logf("%d lists, %d bytes raw: none %.4f, snappy %.4f, uvarint stream %.4f, postings codec %.4f (envelopes included)",
-				lists, raw, none, snap, stream, post)
-			if snap < 0.95 {
-				t.Errorf("snappy stored %.3f of raw postings: the generator is not realistic", snap)
+			r := postingsRatio(t, lists, shape.gen)
+			t.Logf("%d lists, %d bytes raw: none %.4f, snappy %.4f, uvarint stream %.4f, codec 2 %.4f, codec 3 %.4f (envelopes included)",
+				lists, r.raw, r.none, r.snappy, r.stream, r.codec2, r.packed)
+			if r.snappy < 0.95 {
+				t.Errorf("snappy stored %.3f of raw postings: the generator is not realistic", r.snappy)
 			}
-			if post > shape.want {
-				t.Errorf("postings codec stored %.3f of raw, want under %.3f", post, shape.want)
+			if r.packed > shape.want {
+				t.Errorf("codec 3 stored %.3f of raw, want under %.3f", r.packed, shape.want)
+			}
+			if r.packed > r.codec2 {
+				t.Errorf("codec 3 stored %.4f of raw, more than codec 2's %.4f", r.packed, r.codec2)
 			}
 		})
 	}
 }
 
-// postingsRatio envelopes lists generated by gen with each codec and
-// returns the raw bytes and each form's size as a fraction of them.
-func postingsRatio(t testing.TB, lists int, gen func(size int, seed uint64) []byte) (raw int, none, snap, stream, post float64) {
+// ratios are the sizes of each form of the lists, as fractions of raw.
+type ratios struct {
+	raw                                  int
+	none, snappy, stream, codec2, packed float64
+}
+
+// postingsRatio envelopes lists generated by gen with each codec.
+func postingsRatio(t testing.TB, lists int, gen func(size int, seed uint64) []byte) ratios {
 	c := newTestCodec(t, nil)
+	c2 := newTestCodec(t, func(cfg *Config) { cfg.PostingsCodec2 = true })
 	r := rand.New(rand.NewPCG(7, 8))
-	var noneN, snapN, streamN, postN int
+	var raw, noneN, snapN, streamN, c2N, postN int
 	var buf []byte
 	for i := range lists {
 		refs := int(math.Exp(math.Log(10) + r.Float64()*(math.Log(50_000)-math.Log(10))))
@@ -400,11 +426,13 @@ func postingsRatio(t testing.TB, lists int, gen func(size int, seed uint64) []by
 		snapN += len(snappy.Encode(buf[:cap(buf)], v))
 		pl, _ := detectPostings(v)
 		streamN += pl.streamLen
+		buf, _ = c2.AppendEncodePostings(buf[:0], testKey, false, 0, v)
+		c2N += len(buf)
 		buf, _ = c.AppendEncodePostings(buf[:0], testKey, false, 0, v)
 		postN += len(buf)
 	}
 	f := func(n int) float64 { return float64(n) / float64(raw) }
-	return raw, f(noneN), f(snapN), f(streamN), f(postN)
+	return ratios{raw, f(noneN), f(snapN), f(streamN), f(c2N), f(postN)}
 }
 
 func TestPostingsWithCompressedMagicLeftAlone(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"testing"
 
+	"mcsidecar/codec"
 	"mcsidecar/keyspace"
 )
 
@@ -170,8 +171,8 @@ func TestPostingsCodecOnlyUnderPostingsKeys(t *testing.T) {
 		key   string
 		codec byte
 	}{
-		{"P2:tenant-1:" + testBlock + ":am9iOmFwaQ", 2},
-		{"IDX:" + tenant + ":" + testBlock + ":am9iOmFwaQ", 2},
+		{"P2:tenant-1:" + testBlock + ":am9iOmFwaQ", codec.CodecPostingsPacked},
+		{"IDX:" + tenant + ":" + testBlock + ":am9iOmFwaQ", codec.CodecPostingsPacked},
 		{"PIDX:" + tenant + ":" + testBlock + ":am9iOmFwaQ", 0},
 	} {
 		req := []byte("set " + tc.key + " 0 0 " + strconv.Itoa(len(v)) + "\r\n" + string(v) + "\r\n")
@@ -192,6 +193,45 @@ func TestPostingsCodecOnlyUnderPostingsKeys(t *testing.T) {
 		}
 		if got, err := pc.get(tc.key); err != nil || !bytes.Equal(got, v) {
 			t.Errorf("%.20s: read back %d bytes, want %d (%v)", tc.key, len(got), len(v), err)
+		}
+	}
+}
+
+// TestPostingsOfBothCodecsReadBack runs two sidecars on one memcached, one
+// writing raw postings with codec 3 (the default) and one with codec 2
+// (--codec-postings-codec2, as for a rolling upgrade from sidecars that do
+// not read codec 3). Each reads back, byte for byte, what either wrote,
+// and memcached holds each item in the codec its writer chose.
+func TestPostingsOfBothCodecsReadBack(t *testing.T) {
+	up := startMemcached(t)
+	cfg := testConfig(up)
+	cfg.Codec = codecConfig()
+	cfg.Codec.Postings = true
+	_, packed := startProxy(t, cfg)
+	cfg = testConfig(up)
+	cfg.Codec = codecConfig()
+	cfg.Codec.Postings = true
+	cfg.Codec.PostingsCodec2 = true
+	_, old := startProxy(t, cfg)
+	clients := map[byte]*rawClient{codec.CodecPostingsPacked: newRawClient(t, packed), codec.CodecPostings: newRawClient(t, old)}
+	direct := newLineClient(t, up)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for id, writer := range clients {
+		for i, n := range []int{20, 1000, 40_000} {
+			v := rawPostings(rng, n, uint32(i%2)*3)
+			key := fmt.Sprintf("P2:tenant-1:%s:codec%d-%d", testBlock, id, n)
+			req := []byte("set " + key + " 0 0 " + strconv.Itoa(len(v)) + "\r\n" + string(v) + "\r\n")
+			if err := writer.roundTrip(req, "STORED"); err != nil {
+				t.Fatalf("%s: %v", key, err)
+			}
+			if _, data, ok := rawItem(t, direct, key); !ok || data[0]&0x0f != id {
+				t.Fatalf("%s: upstream item of codec %d, want %d", key, data[0]&0x0f, id)
+			}
+			for readerID, reader := range clients {
+				if got, err := reader.get(key); err != nil || !bytes.Equal(got, v) {
+					t.Errorf("%s read through the codec-%d sidecar: %d bytes, want %d (%v)", key, readerID, len(got), len(v), err)
+				}
+			}
 		}
 	}
 }
