@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"hash/maphash"
 	"io"
-	"log/slog"
 	"math"
 	"math/bits"
 	"net"
@@ -20,10 +19,8 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/panjf2000/gnet/v2"
-	"github.com/panjf2000/gnet/v2/pkg/logging"
-
 	"mcsidecar/codec"
+	"mcsidecar/proxy/evloop"
 	"mcsidecar/proxy/internal/sockio"
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/upstream"
@@ -97,9 +94,8 @@ const loopOutMax = loopCopyMax
 
 // eventLoops runs the gnet loops of a proxy.
 type eventLoops struct {
-	gnet.BuiltinEventEngine
 	p    *Proxy
-	cli  *gnet.Client
+	cli  *evloop.Engine
 	stop chan struct{}
 	done chan struct{}
 	// stopped is closed once gnet's loops have stopped.
@@ -112,14 +108,14 @@ type eventLoops struct {
 	outMax int
 
 	mu    sync.Mutex
-	loops map[gnet.EventLoop]*loopState
+	loops map[*evloop.Loop]*loopState
 }
 
 // loopState is what one loop owns, with the free lists that let a steady
 // stream of requests allocate little: only the loop's thread touches it.
 type loopState struct {
 	l       *eventLoops
-	el      gnet.EventLoop
+	el      *evloop.Loop
 	ups     map[*upstream.Server]*loopUpstream
 	upList  []*loopUpstream // ups' values, which OnPollEnd flushes
 	clients map[*loopClient]struct{}
@@ -163,7 +159,7 @@ func (ls *loopState) clock() {
 // loopClient is one client connection on a loop.
 type loopClient struct {
 	c     *conn
-	gc    gnet.Conn
+	gc    *evloop.Conn
 	ls    *loopState
 	slots []*loopSlot // replies owed, in request order
 	// handoff asks OnClose to hand the connection to the goroutine path;
@@ -378,7 +374,7 @@ type loopShare struct {
 type loopUpstream struct {
 	ls      *loopState
 	srv     *upstream.Server
-	gc      gnet.Conn
+	gc      *evloop.Conn
 	dialing bool
 	out     []byte   // requests not written yet
 	q       reqQueue // requests in order; the first sent are written
@@ -620,32 +616,14 @@ func (ls *loopState) putSlot(s *loopSlot) {
 }
 
 func newEventLoops(p *Proxy) (*eventLoops, error) {
-	l := &eventLoops{p: p, stop: make(chan struct{}), done: make(chan struct{}), stopped: make(chan struct{}), loops: make(map[gnet.EventLoop]*loopState), outMax: p.cfg.maxClientOutput()}
-	cli, err := gnet.NewClient(l, gnet.WithMulticore(true), gnet.WithNumEventLoop(p.cfg.EventLoops),
-		gnet.WithTCPNoDelay(gnet.TCPNoDelay), gnet.WithReadBufferCap(loopReadBuffer),
-		gnet.WithLogger(gnetLog{p.log}), gnet.WithLogLevel(logging.ErrorLevel))
+	l := &eventLoops{p: p, stop: make(chan struct{}), done: make(chan struct{}), stopped: make(chan struct{}), loops: make(map[*evloop.Loop]*loopState), outMax: p.cfg.maxClientOutput()}
+	cli, err := evloop.New(evloop.Config{Loops: p.cfg.EventLoops, ReadBuffer: loopReadBuffer, NoDelay: true, Log: p.log}, l)
 	if err != nil {
-		return nil, err
-	}
-	if err := cli.Start(); err != nil {
 		return nil, err
 	}
 	l.cli = cli
 	go l.tick()
 	return l, nil
-}
-
-// gnetLog passes gnet's errors to the proxy's log and drops the rest.
-type gnetLog struct{ log *slog.Logger }
-
-func (gnetLog) Debugf(string, ...any) {}
-func (gnetLog) Infof(string, ...any)  {}
-func (gnetLog) Warnf(string, ...any)  {}
-func (g gnetLog) Errorf(format string, args ...any) {
-	g.log.Error("event loop: " + fmt.Sprintf(format, args...))
-}
-func (g gnetLog) Fatalf(format string, args ...any) {
-	g.log.Error("event loop: " + fmt.Sprintf(format, args...))
 }
 
 // tick runs each loop's checks every loopTick until close.
@@ -661,11 +639,10 @@ func (l *eventLoops) tick() {
 		}
 		l.mu.Lock()
 		for el, ls := range l.loops {
-			el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			el.Execute(func() {
 				ls.clock()
 				ls.check()
-				return nil
-			}))
+			})
 		}
 		l.mu.Unlock()
 	}
@@ -685,7 +662,7 @@ func (l *eventLoops) close() {
 func (l *eventLoops) enroll(c *conn) error {
 	lc := &loopClient{c: c, last: time.Now()}
 	c.lc = lc
-	_, err := l.cli.EnrollContext(c.nc, lc)
+	_, err := l.cli.Enroll(c.nc, lc)
 	return err
 }
 
@@ -710,7 +687,7 @@ func (l *eventLoops) enrollTLS(c *conn, raw net.Conn, t *loopTLS) {
 		c.wakeMu.Lock()
 		c.nc, t.b.loop = raw, true
 		c.wakeMu.Unlock()
-		_, err = l.cli.EnrollContext(raw, lc)
+		_, err = l.cli.Enroll(raw, lc)
 	}
 	if err != nil {
 		c.logClose(err)
@@ -719,7 +696,7 @@ func (l *eventLoops) enrollTLS(c *conn, raw net.Conn, t *loopTLS) {
 	}
 }
 
-func (l *eventLoops) state(el gnet.EventLoop) *loopState {
+func (l *eventLoops) state(el *evloop.Loop) *loopState {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ls := l.loops[el]
@@ -730,7 +707,7 @@ func (l *eventLoops) state(el gnet.EventLoop) *loopState {
 	return ls
 }
 
-func (l *eventLoops) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
+func (l *eventLoops) OnOpen(gc *evloop.Conn) evloop.Action {
 	switch x := gc.Context().(type) {
 	case *loopClient:
 		x.gc = gc
@@ -739,12 +716,12 @@ func (l *eventLoops) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 		x.last = time.Now()
 		_, err := sockio.Written(gc.Fd())
 		x.counted = err == nil
-		x.ls = l.state(gc.EventLoop())
+		x.ls = l.state(gc.Loop())
 		x.ls.clients[x] = struct{}{}
 		if x.tls != nil {
 			// Requests sent right after the handshake may be read already.
 			x.ls.clock()
-			return nil, x.traffic()
+			return x.traffic()
 		}
 	case *loopDialed:
 		u := x.u
@@ -753,14 +730,14 @@ func (l *eventLoops) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 		u.ls.clock()
 		u.flush()
 	}
-	return nil, gnet.None
+	return evloop.None
 }
 
 // ReadInto has memcached's replies read straight into the chunk they are
 // gathered in (see loopUpstream.chunk), instead of into gnet's read buffer
 // and copied from there. Not over TLS, whose records are read whole, nor
 // while gnet holds bytes of a reply, which come first.
-func (l *eventLoops) ReadInto(gc gnet.Conn) []byte {
+func (l *eventLoops) ReadInto(gc *evloop.Conn) []byte {
 	if gc.InboundBuffered() > 0 {
 		return nil
 	}
@@ -777,7 +754,7 @@ func (l *eventLoops) ReadInto(gc gnet.Conn) []byte {
 	return nil
 }
 
-func (l *eventLoops) OnTraffic(gc gnet.Conn) gnet.Action {
+func (l *eventLoops) OnTraffic(gc *evloop.Conn) evloop.Action {
 	switch x := gc.Context().(type) {
 	case *loopClient:
 		x.ls.clock()
@@ -786,7 +763,7 @@ func (l *eventLoops) OnTraffic(gc gnet.Conn) gnet.Action {
 		x.ls.clock()
 		x.replies()
 	}
-	return gnet.None
+	return evloop.None
 }
 
 // OnPollEnd writes what the loop's events queued upstream, once gnet has
@@ -801,7 +778,7 @@ func (l *eventLoops) OnTraffic(gc gnet.Conn) gnet.Action {
 // the requests that were queued on it may queue more, on any server: the
 // pass is made again until no connection was lost in it. Each connection
 // is lost at most once, and a new one is dialled, so it ends.
-func (l *eventLoops) OnPollEnd(el gnet.EventLoop) {
+func (l *eventLoops) OnPollEnd(el *evloop.Loop) {
 	ls := l.state(el)
 	if len(ls.held) > 0 {
 		// A poll that only wrote a held client's replies ran no callback
@@ -880,11 +857,11 @@ func (lc *loopClient) processHeld() {
 	}
 	lc.unread = lc.buffered()
 	if !lc.inTraffic && lc.moveNow() {
-		lc.ls.el.Close(lc.gc)
+		lc.gc.Close()
 	}
 }
 
-func (l *eventLoops) OnClose(gc gnet.Conn, err error) gnet.Action {
+func (l *eventLoops) OnClose(gc *evloop.Conn, err error) {
 	switch x := gc.Context().(type) {
 	case *loopClient:
 		x.ls.clock()
@@ -899,7 +876,6 @@ func (l *eventLoops) OnClose(gc gnet.Conn, err error) gnet.Action {
 			x.fail(err)
 		}
 	}
-	return gnet.None
 }
 
 // check times out upstream requests, closes idle clients, and closes
@@ -929,7 +905,7 @@ func (ls *loopState) check() {
 		lc.noteOut()
 		switch {
 		case lc.moveNow():
-			ls.el.Close(lc.gc)
+			lc.gc.Close()
 		case lc.full() || lc.held && lc.waits() && lc.gc.OutboundBuffered() > 0:
 			// Its replies, or its requests, wait for it to read those
 			// gnet holds.
@@ -949,7 +925,7 @@ func (ls *loopState) check() {
 			// Nor before gnet wrote all: it would drop the rest.
 			if lc.gc.OutboundBuffered() == 0 {
 				lc.closing = true
-				ls.el.Close(lc.gc)
+				lc.gc.Close()
 			}
 		case idle > 0 && now.Sub(lc.last) > idle:
 			// No request completed for that long (bytes that make none
@@ -960,12 +936,12 @@ func (ls *loopState) check() {
 }
 
 // traffic handles every request that has arrived whole.
-func (lc *loopClient) traffic() gnet.Action {
+func (lc *loopClient) traffic() evloop.Action {
 	var readErr error
 	if lc.tls != nil {
 		readErr = lc.tls.read(lc.gc)
 		if lc.putSealed(); lc.gc == nil {
-			return gnet.None // the write of TLS's own answer failed
+			return evloop.None // the write of TLS's own answer failed
 		}
 	}
 	n := lc.buffered()
@@ -976,7 +952,7 @@ func (lc *loopClient) traffic() gnet.Action {
 	lc.process()
 	lc.inTraffic = false
 	if lc.gc == nil {
-		return gnet.None // a write failed and closed the connection
+		return evloop.None // a write failed and closed the connection
 	}
 	lc.unread = lc.buffered()
 	switch {
@@ -990,18 +966,18 @@ func (lc *loopClient) traffic() gnet.Action {
 	default:
 		// Ended with nothing owed, or broken: closed at once.
 		lc.closing = true
-		return gnet.Close
+		return evloop.Close
 	}
 	if lc.piledUp() {
 		// gnet cannot stop reading a socket; the goroutine path reads no
 		// more than it answers, as memcached does: the client waits there.
 		lc.handoff = true
-		return gnet.Close
+		return evloop.Close
 	}
 	if lc.moveNow() || len(lc.slots) == 0 && lc.c.p.draining() && lc.gc.OutboundBuffered() == 0 && !lc.inBlock() {
-		return gnet.Close // what written leaves to this callback's return
+		return evloop.Close // what written leaves to this callback's return
 	}
-	return gnet.None
+	return evloop.None
 }
 
 // piledUp reports whether the client sent more requests than the loop
@@ -1031,16 +1007,16 @@ func (lc *loopClient) movable() bool {
 
 // unhandled returns the bytes gc brought that are not handled yet: gnet's,
 // or with TLS (t) the decrypted ones.
-func unhandled(gc gnet.Conn, t *loopTLS) []byte {
+func unhandled(gc *evloop.Conn, t *loopTLS) []byte {
 	if t != nil {
 		return t.plain
 	}
-	b, _ := gc.Peek(-1)
+	b := gc.Peek()
 	return b
 }
 
 // handle drops the first n bytes of unhandled(gc, t).
-func handle(gc gnet.Conn, t *loopTLS, n int) {
+func handle(gc *evloop.Conn, t *loopTLS, n int) {
 	if t != nil {
 		t.took(n)
 	} else if n > 0 {
@@ -1829,23 +1805,14 @@ func (u *loopUpstream) dial() {
 			d.tls.conn, d.tls.w, d.tls.b.loop = tc, upstream.RequestRecords(tc), true
 		}
 		if err == nil {
-			var res <-chan gnet.RegisteredResult
-			res, err = el.Enroll(gnet.NewContext(context.Background(), d), nc)
-			if err == nil {
-				if r := <-res; r.Err != nil {
-					err = r.Err
-				}
-			} else {
-				nc.Close()
-			}
+			_, err = el.Enroll(nc, d) // closes nc
 		}
 		if err != nil {
-			el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			el.Execute(func() {
 				u.ls.clock()
 				u.dialing = false
 				u.fail(err)
-				return nil
-			}))
+			})
 		}
 	}()
 }
@@ -1860,7 +1827,7 @@ type loopDialed struct {
 func (u *loopUpstream) abort(err error) {
 	if gc := u.gc; gc != nil {
 		u.gc, u.tls = nil, nil
-		u.ls.el.Close(gc)
+		gc.Close()
 	}
 	u.fail(err)
 }
@@ -2615,7 +2582,7 @@ func (lc *loopClient) written() {
 		// traffic closes it by its return. A draining proxy answers the
 		// requests it has read first.
 		if !lc.inTraffic && (lc.handoff && lc.movable() || lc.gc.OutboundBuffered() == 0) {
-			lc.ls.el.Close(lc.gc)
+			lc.gc.Close()
 		}
 		return
 	}
@@ -2902,7 +2869,7 @@ func (lc *loopClient) closed(err error) {
 
 // flushWhileProgress has gnet write what it holds for gc for as long as
 // the socket takes some.
-func flushWhileProgress(gc gnet.Conn) {
+func flushWhileProgress(gc *evloop.Conn) {
 	for b := gc.OutboundBuffered(); b > 0; {
 		gc.Flush()
 		if a := gc.OutboundBuffered(); a < b {
@@ -2916,7 +2883,7 @@ func flushWhileProgress(gc gnet.Conn) {
 // unwritten puts in h the bytes of replies gnet holds for gc, the end of
 // kept, which gnet drops when it closes its descriptor after one more
 // write, with how many bytes the socket had been given then.
-func (lc *loopClient) unwritten(gc gnet.Conn, kept []byte, h *handover) error {
+func (lc *loopClient) unwritten(gc *evloop.Conn, kept []byte, h *handover) error {
 	held := gc.OutboundBuffered()
 	switch {
 	case !lc.counted:
@@ -2930,10 +2897,9 @@ func (lc *loopClient) unwritten(gc gnet.Conn, kept []byte, h *handover) error {
 	}
 	done := make(chan struct{})
 	// gnet's last write and close happen before the loop runs this.
-	err = lc.ls.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+	err = lc.ls.el.Execute(func() {
 		close(done)
-		return nil
-	}))
+	})
 	if err != nil {
 		return err
 	}
@@ -3027,7 +2993,7 @@ func (lc *loopClient) send(out [][]byte) [][]byte {
 		return nil
 	}
 	lc.handoff = true
-	lc.ls.el.Close(lc.gc) // closed() starts the handover
+	lc.gc.Close() // closed() starts the handover
 	return rest
 }
 
@@ -3047,7 +3013,7 @@ func (lc *loopClient) sendTLS(out [][]byte) {
 	}
 	if _, err := t.conn.Write(plain); err != nil {
 		lc.closing = true
-		lc.ls.el.Close(lc.gc)
+		lc.gc.Close()
 		return
 	}
 	lc.c.p.stats.bytesWritten.Add(uint64(len(plain)))
@@ -3088,7 +3054,7 @@ func (lc *loopClient) put(bufs [][]byte, copyMax int) (n int, rest [][]byte, ok 
 	lc.iov = iov
 	if err != nil {
 		lc.closing = true
-		lc.ls.el.Close(gc)
+		gc.Close()
 		return n, nil, false
 	}
 	left := bufsLen(rest)

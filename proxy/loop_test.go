@@ -21,12 +21,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/panjf2000/gnet/v2"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/spf13/pflag"
 
 	"mcsidecar/codec"
 	"mcsidecar/keyspace"
+	"mcsidecar/proxy/evloop"
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/upstream"
 )
@@ -1154,14 +1154,13 @@ func onLoop(t *testing.T, p *Proxy, f func(lc *loopClient) bool) bool {
 	t.Helper()
 	res := make(chan bool, 1)
 	for el, ls := range eventLoopsOf(p) {
-		err := el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		err := el.Execute(func() {
 			ok := false
 			for lc := range ls.clients {
 				ok = ok || f(lc)
 			}
 			res <- ok
-			return nil
-		}))
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1184,7 +1183,7 @@ func waitOnLoop(t *testing.T, p *Proxy, f func(lc *loopClient) bool) {
 }
 
 // eventLoopsOf returns p's event loops with their states.
-func eventLoopsOf(p *Proxy) map[gnet.EventLoop]*loopState {
+func eventLoopsOf(p *Proxy) map[*evloop.Loop]*loopState {
 	p.mu.Lock()
 	l := p.loops
 	p.mu.Unlock()
@@ -1199,11 +1198,10 @@ func stallLoop(t *testing.T, p *Proxy, d time.Duration) {
 	t.Helper()
 	for el := range eventLoopsOf(p) {
 		began := make(chan struct{})
-		el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		el.Execute(func() {
 			close(began)
 			time.Sleep(d)
-			return nil
-		}))
+		})
 		<-began
 	}
 }
@@ -1726,11 +1724,10 @@ func TestEventLoopLongValuesReuseChunks(t *testing.T) {
 	onLoops := func(f func(ls *loopState)) {
 		for el, ls := range eventLoopsOf(p) {
 			ran := make(chan struct{})
-			el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			el.Execute(func() {
 				defer close(ran)
 				f(ls)
-				return nil
-			}))
+			})
 			<-ran
 		}
 	}

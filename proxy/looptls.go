@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/panjf2000/gnet/v2"
+	"mcsidecar/proxy/evloop"
 )
 
 // loopTLS is TLS on one of a loop's upstream connections. crypto/tls
@@ -118,9 +118,9 @@ func (b *tlsBridge) Buffered() int { return len(b.in) - b.off }
 // once the peer ended the session (the bytes before it are good) or the
 // error that broke it. Bytes TLS itself must answer with wait in t.b.out
 // for the caller to write.
-func (t *loopTLS) read(gc gnet.Conn) error {
+func (t *loopTLS) read(gc *evloop.Conn) error {
 	b := t.b
-	raw, _ := gc.Peek(-1)
+	raw := gc.Peek()
 	b.in = append(b.in[:copy(b.in, b.in[b.off:])], raw...)
 	b.off = 0
 	gc.Discard(len(raw))
@@ -154,7 +154,7 @@ func (t *loopTLS) took(n int) {
 
 // write encrypts requests p and writes them, in TLS records that end
 // where requests end (see upstream.RequestRecords).
-func (t *loopTLS) write(gc gnet.Conn, p []byte) error {
+func (t *loopTLS) write(gc *evloop.Conn, p []byte) error {
 	if _, err := t.w.Write(p); err != nil {
 		return err
 	}
@@ -164,7 +164,7 @@ func (t *loopTLS) write(gc gnet.Conn, p []byte) error {
 
 // send writes what the TLS client wrote to the bridge. A failed write
 // closes gc there and then, as every other write on the loop.
-func (t *loopTLS) send(gc gnet.Conn) {
+func (t *loopTLS) send(gc *evloop.Conn) {
 	b := t.b
 	if len(b.out) == 0 {
 		return

@@ -128,7 +128,7 @@ func (lc *loopClient) closeIdle() {
 		st.connsOutputClosed.Add(1)
 	}
 	lc.closing = true
-	lc.ls.el.Close(lc.gc)
+	lc.gc.Close()
 }
 
 // notePeak records the most bytes the loop has been owed by its clients

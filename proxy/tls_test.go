@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -20,8 +19,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/panjf2000/gnet/v2"
 
 	"mcsidecar/proxy/internal/sockio"
 	"mcsidecar/proxy/upstream"
@@ -529,7 +526,7 @@ func loopTLSUpstreams(p *Proxy) int {
 	n := 0
 	for el, ls := range eventLoopsOf(p) {
 		done := make(chan int)
-		el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		el.Execute(func() {
 			k := 0
 			for _, u := range ls.ups {
 				if u.tls != nil {
@@ -537,8 +534,7 @@ func loopTLSUpstreams(p *Proxy) int {
 				}
 			}
 			done <- k
-			return nil
-		}))
+		})
 		n += <-done
 	}
 	return n
