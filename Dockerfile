@@ -2,8 +2,6 @@
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
-# go.mod replaces gnet with the patched copy here (see its README.md).
-COPY proxy/internal/gnet/ proxy/internal/gnet/
 RUN go mod download
 COPY . .
 ARG VERSION=dev

@@ -16,17 +16,9 @@ import (
 // its cleanups have run: a connection the proxy never let go, an upstream
 // call that never returned, a memcached whose waiter still runs. No
 // goroutine is ignored: everything the tests start (proxies, memcached
-// processes, fake upstreams, client readers) is stopped by a cleanup. The
-// one exception is gnet's shared worker pool (github.com/panjf2000/ants),
-// which gnet starts when it is loaded and which the event loops use to
-// enroll upstream connections: its housekeeping goroutines live as long as
-// the process, and its idle workers until they expire.
+// processes, fake upstreams, client readers) is stopped by a cleanup.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"),
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*goWorker).run.func1"),
-	)
+	goleak.VerifyTestMain(m)
 }
 
 // TestMisbehavingClientsLeaveNoConnectionBehind has 50 clients send binary

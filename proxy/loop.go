@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"hash/maphash"
 	"io"
-	"log/slog"
 	"math"
 	"math/bits"
 	"net"
@@ -20,10 +19,8 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/panjf2000/gnet/v2"
-	"github.com/panjf2000/gnet/v2/pkg/logging"
-
 	"mcsidecar/codec"
+	"mcsidecar/proxy/evloop"
 	"mcsidecar/proxy/internal/sockio"
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/upstream"
@@ -31,7 +28,7 @@ import (
 
 // The event-loop data path (--event-loop).
 //
-// Each gnet event loop owns its client connections and, per upstream
+// Each event loop (proxy/evloop) owns its client connections and, per upstream
 // server, one connection of its own. A request is read, sent upstream,
 // answered and written on the loop's thread: it never waits in a
 // goroutine, so it costs no scheduling. Requests of all the loop's clients
@@ -55,8 +52,8 @@ import (
 // clients and a shutdown.
 var loopTick = 10 * time.Millisecond // a var: a test puts it out of reach
 
-// loopReadBuffer is how much each read of a loop takes at most (gnet's
-// read buffer, one per loop; gnet's default is 64 KiB). A memcached reply
+// loopReadBuffer is how much each read of a loop takes at most (evloop's
+// read buffer, one per loop; evloop's default is 64 KiB). A memcached reply
 // to a 100-key get of 3 KiB values is about 300 KiB over four servers:
 // with 256 KiB the loop reads it in 3.5 reads a request instead of 6.4.
 const loopReadBuffer = 256 << 10
@@ -64,7 +61,7 @@ const loopReadBuffer = 256 << 10
 // loopPendMin is the length from which a storage command (line, value and
 // CRLF) whose value has not all come in one read gathers in a buffer of its
 // own, which the rest is read straight into (loopClient.pend), rather than
-// in gnet's buffer, from which it would be copied twice more. It does once
+// in evloop's buffer, from which it would be copied twice more. It does once
 // half of it has come: memory follows what arrives, not what a request
 // says will (a buffer for a request of n bytes holds up to 2n).
 const loopPendMin = 64 << 10
@@ -78,7 +75,7 @@ const loopMaxSlots = 256
 // slowly or is to be handed over, and loopPipelinedMax the most while it
 // owes loopMaxSlots replies and reads them. Past them, the connection
 // moves to the goroutine path, which reads no more requests than it
-// answers: gnet has no way to stop reading a socket. A client that
+// answers: evloop has no way to stop reading a socket. A client that
 // pipelines a bulk load and reads every reply stays on the loop up to the
 // second.
 const (
@@ -86,23 +83,22 @@ const (
 	loopPipelinedMax = 256 * loopReadBuffer
 )
 
-// loopOutMax is the most bytes of a client's replies gnet holds, written
+// loopOutMax is the most bytes of a client's replies evloop holds, written
 // once the socket has room. A client that reads its replies slower than
 // that makes the loop hold its next replies where they are and answer no
-// more of its requests, until gnet holds less again (checked at the end
+// more of its requests, until evloop holds less again (checked at the end
 // of each poll of its loop, and every loopTick); so a client that sends
 // gets and reads no replies costs the proxy what it sent, up to
 // loopUnreadMax, not the replies.
 const loopOutMax = loopCopyMax
 
-// eventLoops runs the gnet loops of a proxy.
+// eventLoops runs the event loops of a proxy.
 type eventLoops struct {
-	gnet.BuiltinEventEngine
 	p    *Proxy
-	cli  *gnet.Client
+	cli  *evloop.Engine
 	stop chan struct{}
 	done chan struct{}
-	// stopped is closed once gnet's loops have stopped.
+	// stopped is closed once the loops have stopped.
 	stopped chan struct{}
 	once    sync.Once
 	// abandon: Shutdown's grace ran out, and the replies still owed are
@@ -112,19 +108,19 @@ type eventLoops struct {
 	outMax int
 
 	mu    sync.Mutex
-	loops map[gnet.EventLoop]*loopState
+	loops map[*evloop.Loop]*loopState
 }
 
 // loopState is what one loop owns, with the free lists that let a steady
 // stream of requests allocate little: only the loop's thread touches it.
 type loopState struct {
 	l       *eventLoops
-	el      gnet.EventLoop
+	el      *evloop.Loop
 	ups     map[*upstream.Server]*loopUpstream
 	upList  []*loopUpstream // ups' values, which OnPollEnd flushes
 	clients map[*loopClient]struct{}
 	// held: the clients held back (loopClient.held), which OnPollEnd
-	// resumes once gnet holds few enough of their replies; heldSpare is
+	// resumes once evloop holds few enough of their replies; heldSpare is
 	// the array the next pass fills.
 	held, heldSpare []*loopClient
 	slots           []*loopSlot
@@ -147,7 +143,7 @@ type loopState struct {
 	// tags numbers the loop's slots (loopSlot.tag).
 	tags uint32
 	// What the loop's clients are owed (see output.go): the bytes
-	// charged for replies, and those gnet held when last looked at; the
+	// charged for replies, and those evloop held when last looked at; the
 	// most at once (peak, for tests; peakSeen, the loop's copy).
 	charged, out, peakSeen int
 	peak                   atomic.Int64
@@ -163,7 +159,7 @@ func (ls *loopState) clock() {
 // loopClient is one client connection on a loop.
 type loopClient struct {
 	c     *conn
-	gc    gnet.Conn
+	gc    *evloop.Conn
 	ls    *loopState
 	slots []*loopSlot // replies owed, in request order
 	// handoff asks OnClose to hand the connection to the goroutine path;
@@ -173,22 +169,22 @@ type loopClient struct {
 	inProcess        bool // process is running: replies made meanwhile are written when it ends
 	inTraffic        bool // in the client's own OnTraffic, which closes it by its return
 	writing          bool // written is running
-	held             bool // replies or requests wait until gnet holds fewer bytes of replies (loopOutMax)
+	held             bool // replies or requests wait until evloop holds fewer bytes of replies (loopOutMax)
 	inHeld           bool // in loopState.held
 	unread           int  // bytes buffered that were already counted
 	last             time.Time
 	hand             *handover // replies owed to a connection handed over
 	iov              []syscall.Iovec
 	tls              *loopTLS // the connection's TLS server, with --tls-cert-path
-	kept             []byte   // a copy of at least the bytes gnet holds to write (see keep)
+	kept             []byte   // a copy of at least the bytes evloop holds to write (see keep)
 	// What the client is owed (see output.go): the bytes its slots are
-	// charged, the bytes gnet held for it when last looked at, a key's
+	// charged, the bytes evloop held for it when last looked at, a key's
 	// share of its replies lately, at most, and the keys of the retrieval
 	// it is held back at (0: none).
 	charged, outSeen, perKey, need int
 	// want is how many bytes the first request buffered needs before it
 	// is parsed again: a storage command whose value is still arriving,
-	// or 0. gnet gathers a long value from many reads, and parsing it
+	// or 0. evloop gathers a long value from many reads, and parsing it
 	// after each would copy all of it that came so far each time.
 	want int
 	// pend, over plain TCP, is instead the first request buffered when
@@ -201,7 +197,7 @@ type loopClient struct {
 	pend   []byte
 	pendSh *loopShare
 	// counted: the socket counts the bytes it was given (sockio.Written),
-	// so the connection can move while gnet holds some (TCP on Linux).
+	// so the connection can move while evloop holds some (TCP on Linux).
 	counted bool
 }
 
@@ -378,7 +374,7 @@ type loopShare struct {
 type loopUpstream struct {
 	ls      *loopState
 	srv     *upstream.Server
-	gc      gnet.Conn
+	gc      *evloop.Conn
 	dialing bool
 	out     []byte   // requests not written yet
 	q       reqQueue // requests in order; the first sent are written
@@ -620,32 +616,14 @@ func (ls *loopState) putSlot(s *loopSlot) {
 }
 
 func newEventLoops(p *Proxy) (*eventLoops, error) {
-	l := &eventLoops{p: p, stop: make(chan struct{}), done: make(chan struct{}), stopped: make(chan struct{}), loops: make(map[gnet.EventLoop]*loopState), outMax: p.cfg.maxClientOutput()}
-	cli, err := gnet.NewClient(l, gnet.WithMulticore(true), gnet.WithNumEventLoop(p.cfg.EventLoops),
-		gnet.WithTCPNoDelay(gnet.TCPNoDelay), gnet.WithReadBufferCap(loopReadBuffer),
-		gnet.WithLogger(gnetLog{p.log}), gnet.WithLogLevel(logging.ErrorLevel))
+	l := &eventLoops{p: p, stop: make(chan struct{}), done: make(chan struct{}), stopped: make(chan struct{}), loops: make(map[*evloop.Loop]*loopState), outMax: p.cfg.maxClientOutput()}
+	cli, err := evloop.New(evloop.Config{Loops: p.cfg.EventLoops, ReadBuffer: loopReadBuffer, NoDelay: true, Log: p.log}, l)
 	if err != nil {
-		return nil, err
-	}
-	if err := cli.Start(); err != nil {
 		return nil, err
 	}
 	l.cli = cli
 	go l.tick()
 	return l, nil
-}
-
-// gnetLog passes gnet's errors to the proxy's log and drops the rest.
-type gnetLog struct{ log *slog.Logger }
-
-func (gnetLog) Debugf(string, ...any) {}
-func (gnetLog) Infof(string, ...any)  {}
-func (gnetLog) Warnf(string, ...any)  {}
-func (g gnetLog) Errorf(format string, args ...any) {
-	g.log.Error("event loop: " + fmt.Sprintf(format, args...))
-}
-func (g gnetLog) Fatalf(format string, args ...any) {
-	g.log.Error("event loop: " + fmt.Sprintf(format, args...))
 }
 
 // tick runs each loop's checks every loopTick until close.
@@ -661,11 +639,10 @@ func (l *eventLoops) tick() {
 		}
 		l.mu.Lock()
 		for el, ls := range l.loops {
-			el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			el.Execute(func() {
 				ls.clock()
 				ls.check()
-				return nil
-			}))
+			})
 		}
 		l.mu.Unlock()
 	}
@@ -685,7 +662,7 @@ func (l *eventLoops) close() {
 func (l *eventLoops) enroll(c *conn) error {
 	lc := &loopClient{c: c, last: time.Now()}
 	c.lc = lc
-	_, err := l.cli.EnrollContext(c.nc, lc)
+	_, err := l.cli.Enroll(c.nc, lc)
 	return err
 }
 
@@ -703,14 +680,14 @@ func (l *eventLoops) enrollTLS(c *conn, raw net.Conn, t *loopTLS) {
 	if err == nil {
 		lc := &loopClient{c: c, last: time.Now(), tls: t}
 		c.lc = lc
-		// While the loop has it, the connection's socket is the one gnet
+		// While the loop has it, the connection's socket is the one evloop
 		// closes once it has a duplicate, as for a plain client: closing
 		// the TLS session from elsewhere would write into the bridge.
 		// A shutdown reaches the socket under wakeMu.
 		c.wakeMu.Lock()
 		c.nc, t.b.loop = raw, true
 		c.wakeMu.Unlock()
-		_, err = l.cli.EnrollContext(raw, lc)
+		_, err = l.cli.Enroll(raw, lc)
 	}
 	if err != nil {
 		c.logClose(err)
@@ -719,7 +696,7 @@ func (l *eventLoops) enrollTLS(c *conn, raw net.Conn, t *loopTLS) {
 	}
 }
 
-func (l *eventLoops) state(el gnet.EventLoop) *loopState {
+func (l *eventLoops) state(el *evloop.Loop) *loopState {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ls := l.loops[el]
@@ -730,7 +707,7 @@ func (l *eventLoops) state(el gnet.EventLoop) *loopState {
 	return ls
 }
 
-func (l *eventLoops) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
+func (l *eventLoops) OnOpen(gc *evloop.Conn) evloop.Action {
 	switch x := gc.Context().(type) {
 	case *loopClient:
 		x.gc = gc
@@ -739,12 +716,12 @@ func (l *eventLoops) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 		x.last = time.Now()
 		_, err := sockio.Written(gc.Fd())
 		x.counted = err == nil
-		x.ls = l.state(gc.EventLoop())
+		x.ls = l.state(gc.Loop())
 		x.ls.clients[x] = struct{}{}
 		if x.tls != nil {
 			// Requests sent right after the handshake may be read already.
 			x.ls.clock()
-			return nil, x.traffic()
+			return x.traffic()
 		}
 	case *loopDialed:
 		u := x.u
@@ -753,14 +730,14 @@ func (l *eventLoops) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 		u.ls.clock()
 		u.flush()
 	}
-	return nil, gnet.None
+	return evloop.None
 }
 
 // ReadInto has memcached's replies read straight into the chunk they are
-// gathered in (see loopUpstream.chunk), instead of into gnet's read buffer
+// gathered in (see loopUpstream.chunk), instead of into evloop's read buffer
 // and copied from there. Not over TLS, whose records are read whole, nor
-// while gnet holds bytes of a reply, which come first.
-func (l *eventLoops) ReadInto(gc gnet.Conn) []byte {
+// while evloop holds bytes of a reply, which come first.
+func (l *eventLoops) ReadInto(gc *evloop.Conn) []byte {
 	if gc.InboundBuffered() > 0 {
 		return nil
 	}
@@ -777,7 +754,7 @@ func (l *eventLoops) ReadInto(gc gnet.Conn) []byte {
 	return nil
 }
 
-func (l *eventLoops) OnTraffic(gc gnet.Conn) gnet.Action {
+func (l *eventLoops) OnTraffic(gc *evloop.Conn) evloop.Action {
 	switch x := gc.Context().(type) {
 	case *loopClient:
 		x.ls.clock()
@@ -786,10 +763,10 @@ func (l *eventLoops) OnTraffic(gc gnet.Conn) gnet.Action {
 		x.ls.clock()
 		x.replies()
 	}
-	return gnet.None
+	return evloop.None
 }
 
-// OnPollEnd writes what the loop's events queued upstream, once gnet has
+// OnPollEnd writes what the loop's events queued upstream, once evloop has
 // handled every event one epoll_wait returned and the tasks it ran: the
 // requests of every client read then, and what answering replies queued
 // (a zone's next read, a fill, the delete of a damaged item), go out in
@@ -801,7 +778,7 @@ func (l *eventLoops) OnTraffic(gc gnet.Conn) gnet.Action {
 // the requests that were queued on it may queue more, on any server: the
 // pass is made again until no connection was lost in it. Each connection
 // is lost at most once, and a new one is dialled, so it ends.
-func (l *eventLoops) OnPollEnd(el gnet.EventLoop) {
+func (l *eventLoops) OnPollEnd(el *evloop.Loop) {
 	ls := l.state(el)
 	if len(ls.held) > 0 {
 		// A poll that only wrote a held client's replies ran no callback
@@ -820,7 +797,7 @@ func (l *eventLoops) OnPollEnd(el gnet.EventLoop) {
 	ls.nowTaken = false
 }
 
-// resumeHeld resumes the clients held back that gnet has written enough
+// resumeHeld resumes the clients held back that evloop has written enough
 // of the replies of: a write of the poll that ended may have been theirs.
 // The rest wait for a later poll, or for the tick.
 func (ls *loopState) resumeHeld() {
@@ -842,7 +819,7 @@ func (ls *loopState) resumeHeld() {
 	ls.heldSpare = held[:0]
 }
 
-// hold holds the client's replies and requests back until gnet holds
+// hold holds the client's replies and requests back until evloop holds
 // fewer of its replies than loopOutMax, and the retrieval it is held back
 // at, if any, fits (see waits).
 func (lc *loopClient) hold() {
@@ -880,11 +857,11 @@ func (lc *loopClient) processHeld() {
 	}
 	lc.unread = lc.buffered()
 	if !lc.inTraffic && lc.moveNow() {
-		lc.ls.el.Close(lc.gc)
+		lc.gc.Close()
 	}
 }
 
-func (l *eventLoops) OnClose(gc gnet.Conn, err error) gnet.Action {
+func (l *eventLoops) OnClose(gc *evloop.Conn, err error) {
 	switch x := gc.Context().(type) {
 	case *loopClient:
 		x.ls.clock()
@@ -899,7 +876,6 @@ func (l *eventLoops) OnClose(gc gnet.Conn, err error) gnet.Action {
 			x.fail(err)
 		}
 	}
-	return gnet.None
 }
 
 // check times out upstream requests, closes idle clients, and closes
@@ -929,10 +905,10 @@ func (ls *loopState) check() {
 		lc.noteOut()
 		switch {
 		case lc.moveNow():
-			ls.el.Close(lc.gc)
+			lc.gc.Close()
 		case lc.full() || lc.held && lc.waits() && lc.gc.OutboundBuffered() > 0:
 			// Its replies, or its requests, wait for it to read those
-			// gnet holds.
+			// evloop holds.
 			if idle > 0 && now.Sub(lc.last) > idle {
 				lc.closeIdle()
 			}
@@ -946,10 +922,10 @@ func (ls *loopState) check() {
 		case p.draining() && !lc.inBlock():
 			// Not while a value is arriving: that request is in flight
 			// (only the idle clock ends it, as on the goroutine path).
-			// Nor before gnet wrote all: it would drop the rest.
+			// Nor before evloop wrote all: it would drop the rest.
 			if lc.gc.OutboundBuffered() == 0 {
 				lc.closing = true
-				ls.el.Close(lc.gc)
+				lc.gc.Close()
 			}
 		case idle > 0 && now.Sub(lc.last) > idle:
 			// No request completed for that long (bytes that make none
@@ -960,12 +936,12 @@ func (ls *loopState) check() {
 }
 
 // traffic handles every request that has arrived whole.
-func (lc *loopClient) traffic() gnet.Action {
+func (lc *loopClient) traffic() evloop.Action {
 	var readErr error
 	if lc.tls != nil {
 		readErr = lc.tls.read(lc.gc)
 		if lc.putSealed(); lc.gc == nil {
-			return gnet.None // the write of TLS's own answer failed
+			return evloop.None // the write of TLS's own answer failed
 		}
 	}
 	n := lc.buffered()
@@ -976,7 +952,7 @@ func (lc *loopClient) traffic() gnet.Action {
 	lc.process()
 	lc.inTraffic = false
 	if lc.gc == nil {
-		return gnet.None // a write failed and closed the connection
+		return evloop.None // a write failed and closed the connection
 	}
 	lc.unread = lc.buffered()
 	switch {
@@ -990,18 +966,18 @@ func (lc *loopClient) traffic() gnet.Action {
 	default:
 		// Ended with nothing owed, or broken: closed at once.
 		lc.closing = true
-		return gnet.Close
+		return evloop.Close
 	}
 	if lc.piledUp() {
-		// gnet cannot stop reading a socket; the goroutine path reads no
+		// evloop cannot stop reading a socket; the goroutine path reads no
 		// more than it answers, as memcached does: the client waits there.
 		lc.handoff = true
-		return gnet.Close
+		return evloop.Close
 	}
 	if lc.moveNow() || len(lc.slots) == 0 && lc.c.p.draining() && lc.gc.OutboundBuffered() == 0 && !lc.inBlock() {
-		return gnet.Close // what written leaves to this callback's return
+		return evloop.Close // what written leaves to this callback's return
 	}
-	return gnet.None
+	return evloop.None
 }
 
 // piledUp reports whether the client sent more requests than the loop
@@ -1023,24 +999,24 @@ func (lc *loopClient) moveNow() bool {
 }
 
 // movable reports whether the connection can move to the goroutine path
-// now: gnet holds none of its replies, or the socket counts what gnet
+// now: evloop holds none of its replies, or the socket counts what evloop
 // writes of them before it drops the rest (see unwritten).
 func (lc *loopClient) movable() bool {
 	return lc.counted || lc.gc.OutboundBuffered() == 0
 }
 
-// unhandled returns the bytes gc brought that are not handled yet: gnet's,
+// unhandled returns the bytes gc brought that are not handled yet: evloop's,
 // or with TLS (t) the decrypted ones.
-func unhandled(gc gnet.Conn, t *loopTLS) []byte {
+func unhandled(gc *evloop.Conn, t *loopTLS) []byte {
 	if t != nil {
 		return t.plain
 	}
-	b, _ := gc.Peek(-1)
+	b := gc.Peek()
 	return b
 }
 
 // handle drops the first n bytes of unhandled(gc, t).
-func handle(gc gnet.Conn, t *loopTLS, n int) {
+func handle(gc *evloop.Conn, t *loopTLS, n int) {
 	if t != nil {
 		t.took(n)
 	} else if n > 0 {
@@ -1146,7 +1122,7 @@ func (lc *loopClient) zoneHeld(id int) bool {
 	return false
 }
 
-// gather moves what gnet read to pend, without a copy when it was read
+// gather moves what evloop read to pend, without a copy when it was read
 // straight into place, and once pend holds the whole request, handles it.
 // It reports whether it did. A request that cannot be handled on the loop
 // stays in pend, which closed hands over with the bytes after it.
@@ -1829,23 +1805,14 @@ func (u *loopUpstream) dial() {
 			d.tls.conn, d.tls.w, d.tls.b.loop = tc, upstream.RequestRecords(tc), true
 		}
 		if err == nil {
-			var res <-chan gnet.RegisteredResult
-			res, err = el.Enroll(gnet.NewContext(context.Background(), d), nc)
-			if err == nil {
-				if r := <-res; r.Err != nil {
-					err = r.Err
-				}
-			} else {
-				nc.Close()
-			}
+			_, err = el.Enroll(nc, d) // closes nc
 		}
 		if err != nil {
-			el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			el.Execute(func() {
 				u.ls.clock()
 				u.dialing = false
 				u.fail(err)
-				return nil
-			}))
+			})
 		}
 	}()
 }
@@ -1860,7 +1827,7 @@ type loopDialed struct {
 func (u *loopUpstream) abort(err error) {
 	if gc := u.gc; gc != nil {
 		u.gc, u.tls = nil, nil
-		u.ls.el.Close(gc)
+		gc.Close()
 	}
 	u.fail(err)
 }
@@ -2027,7 +1994,7 @@ func (u *loopUpstream) replies() {
 		clear(joined)
 		if u.gc != gc {
 			// A flush made while answering found the connection broken:
-			// gnet closed it there, and OnClose failed what was queued.
+			// evloop closed it there, and OnClose failed what was queued.
 			// What was queued since goes out on a new one.
 			u.flush()
 			return
@@ -2581,7 +2548,7 @@ func (lc *loopClient) written() {
 		if !s.noreply && lc.gc != nil && !lc.ls.l.abandon.Load() {
 			rest = lc.send(s.out)
 		}
-		lc.charge(s, 0) // given to the socket, to gnet, or to the goroutine path
+		lc.charge(s, 0) // given to the socket, to evloop, or to the goroutine path
 		if lc.hand != nil && !s.noreply && len(rest) > 0 {
 			rest = slices.Clone(rest)
 			lc.ls.detach(s, rest)
@@ -2611,11 +2578,11 @@ func (lc *loopClient) written() {
 		return
 	}
 	if lc.handoff || (lc.c.p.draining() && lc.buffered() == 0) {
-		// gnet must not close a connection inside its own OnTraffic:
+		// A connection is not closed inside its own OnTraffic:
 		// traffic closes it by its return. A draining proxy answers the
 		// requests it has read first.
 		if !lc.inTraffic && (lc.handoff && lc.movable() || lc.gc.OutboundBuffered() == 0) {
-			lc.ls.el.Close(lc.gc)
+			lc.gc.Close()
 		}
 		return
 	}
@@ -2686,8 +2653,8 @@ func (r *replyScan) spare() []valueAt {
 
 // loopDirectMin is the least of a value still to come that the loop reads
 // straight into the buffer its reply is gathered in, rather than into
-// gnet's read buffer, from which it would copy it; loopDirectMax the most
-// one read takes so. Below gnet's own read size, reading only the value
+// evloop's read buffer, from which it would copy it; loopDirectMax the most
+// one read takes so. Below evloop's own read size, reading only the value
 // would take more reads when replies come back to back.
 const (
 	loopDirectMin = loopReadBuffer
@@ -2793,14 +2760,14 @@ func (r *replyScan) feed(data []byte, req *loopReq) (took int, whole bool, bad *
 
 // closed ends a client on its loop. A connection that asked for a command
 // the loop does not answer, or that closed its side with requests still
-// buffered or replies owed, goes on in the goroutine path: gnet closes its
+// buffered or replies owed, goes on in the goroutine path: evloop closes its
 // descriptor after this returns, so it continues on a duplicate, and
-// writes first what gnet held and dropped (see unwritten).
+// writes first what evloop held and dropped (see unwritten).
 func (lc *loopClient) closed(err error) {
 	c := lc.c
 	delete(lc.ls.clients, lc)
 	defer lc.dropPend() // once its bytes are handed over
-	defer lc.noteOut()  // none: gnet drops them, or they are handed over
+	defer lc.noteOut()  // none: evloop drops them, or they are handed over
 	gc := lc.gc
 	kept := lc.kept
 	lc.kept = nil
@@ -2812,7 +2779,7 @@ func (lc *loopClient) closed(err error) {
 		lc.closing = true // the loops are stopping: an Execute may never run
 	}
 	if !lc.closing && lc.counted && (lc.handoff || err != nil) {
-		flushWhileProgress(gc) // the less gnet holds, the less to hand over
+		flushWhileProgress(gc) // the less evloop holds, the less to hand over
 	}
 	end := func() { // the connection ends here, its replies dropped
 		lc.gc = nil
@@ -2828,7 +2795,7 @@ func (lc *loopClient) closed(err error) {
 	if held > 0 {
 		if err := lc.unwritten(gc, kept, h); err != nil {
 			if lc.counted {
-				c.p.log.Warn("client connection closed: replies gnet holds cannot be handed over", "remote", remoteOf(c.nc), "err", err)
+				c.p.log.Warn("client connection closed: replies evloop holds cannot be handed over", "remote", remoteOf(c.nc), "err", err)
 			}
 			end()
 			return
@@ -2900,9 +2867,9 @@ func (lc *loopClient) closed(err error) {
 	}()
 }
 
-// flushWhileProgress has gnet write what it holds for gc for as long as
+// flushWhileProgress has evloop write what it holds for gc for as long as
 // the socket takes some.
-func flushWhileProgress(gc gnet.Conn) {
+func flushWhileProgress(gc *evloop.Conn) {
 	for b := gc.OutboundBuffered(); b > 0; {
 		gc.Flush()
 		if a := gc.OutboundBuffered(); a < b {
@@ -2913,36 +2880,35 @@ func flushWhileProgress(gc gnet.Conn) {
 	}
 }
 
-// unwritten puts in h the bytes of replies gnet holds for gc, the end of
-// kept, which gnet drops when it closes its descriptor after one more
+// unwritten puts in h the bytes of replies evloop holds for gc, the end of
+// kept, which evloop drops when it closes its descriptor after one more
 // write, with how many bytes the socket had been given then.
-func (lc *loopClient) unwritten(gc gnet.Conn, kept []byte, h *handover) error {
+func (lc *loopClient) unwritten(gc *evloop.Conn, kept []byte, h *handover) error {
 	held := gc.OutboundBuffered()
 	switch {
 	case !lc.counted:
 		return errors.ErrUnsupported // a socket that does not count what it was given
 	case held > len(kept):
-		return errors.New("gnet holds bytes not kept")
+		return errors.New("evloop holds bytes not kept")
 	}
 	wrote, err := sockio.Written(gc.Fd())
 	if err != nil {
 		return err
 	}
 	done := make(chan struct{})
-	// gnet's last write and close happen before the loop runs this.
-	err = lc.ls.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+	// evloop's last write and close happen before the loop runs this.
+	err = lc.ls.el.Execute(func() {
 		close(done)
-		return nil
-	}))
+	})
 	if err != nil {
 		return err
 	}
 	h.tail = append([]byte(nil), kept[len(kept)-held:]...)
-	h.wrote, h.gnetDone = wrote, done
+	h.wrote, h.loopDone = wrote, done
 	return nil
 }
 
-// full reports whether gnet holds so much of the client's replies that
+// full reports whether evloop holds so much of the client's replies that
 // the next must wait.
 func (lc *loopClient) full() bool {
 	return lc.gc != nil && lc.gc.OutboundBuffered() > loopOutMax
@@ -2961,23 +2927,23 @@ func (lc *loopClient) abandon() {
 
 // handover carries the replies a client is owed to the goroutine that
 // goes on with it, in order; it is closed after the last. Bytes of replies
-// gnet held when it closed its descriptor go before them: tail, of which
-// gnet's last write may have taken some after the socket had been given
-// wrote bytes in all; gnetDone is closed once that write is over.
+// evloop held when it closed its descriptor go before them: tail, of which
+// evloop's last write may have taken some after the socket had been given
+// wrote bytes in all; loopDone is closed once that write is over.
 type handover struct {
 	replies  chan [][]byte
 	tail     []byte
 	wrote    uint64
-	gnetDone chan struct{}
+	loopDone chan struct{}
 }
 
-// writeTail writes the bytes of tail that gnet's last write did not take,
+// writeTail writes the bytes of tail that evloop's last write did not take,
 // straight to the socket (over TLS they are records already), within
 // timeout if there is one, unless the loops stopped first. They were
-// counted when gnet took them.
+// counted when evloop took them.
 func (h *handover) writeTail(nc net.Conn, stopped <-chan struct{}, timeout time.Duration) error {
 	select {
-	case <-h.gnetDone:
+	case <-h.loopDone:
 	case <-stopped:
 		return net.ErrClosed // the loops stopped before they ran the signal
 	}
@@ -2996,7 +2962,7 @@ func (h *handover) writeTail(nc net.Conn, stopped <-chan struct{}, timeout time.
 	}
 	took := now - h.wrote
 	if now < h.wrote || took > uint64(len(h.tail)) {
-		return fmt.Errorf("handover: the socket took %d bytes after gnet held %d", int64(took), len(h.tail))
+		return fmt.Errorf("handover: the socket took %d bytes after evloop held %d", int64(took), len(h.tail))
 	}
 	if timeout > 0 {
 		nc.SetWriteDeadline(time.Now().Add(timeout))
@@ -3006,14 +2972,14 @@ func (h *handover) writeTail(nc net.Conn, stopped <-chan struct{}, timeout time.
 	return err
 }
 
-// loopCopyMax is the most bytes of a reply the loop copies into gnet's
+// loopCopyMax is the most bytes of a reply the loop copies into evloop's
 // buffer when the client's socket does not take it all at once. A longer
 // rest goes to the goroutine path with the connection, which writes it
 // from the buffers it is in.
 const loopCopyMax = 256 << 10
 
 // send writes a reply: straight to the socket when nothing waits before
-// it, and what the socket does not take into gnet's buffer, which writes
+// it, and what the socket does not take into evloop's buffer, which writes
 // it once the socket has room. It returns nil, or the rest of a reply too
 // long to copy, for which it has begun to hand the connection over.
 func (lc *loopClient) send(out [][]byte) [][]byte {
@@ -3027,13 +2993,13 @@ func (lc *loopClient) send(out [][]byte) [][]byte {
 		return nil
 	}
 	lc.handoff = true
-	lc.ls.el.Close(lc.gc) // closed() starts the handover
+	lc.gc.Close() // closed() starts the handover
 	return rest
 }
 
 // sendTLS writes a reply over TLS: encrypted whole, so that its pieces do
 // not each make a record, and put as send puts a plain one, except that
-// gnet takes whatever the socket does not, however long (the goroutine
+// evloop takes whatever the socket does not, however long (the goroutine
 // path could not go on with a TLS session whose record was half written).
 func (lc *loopClient) sendTLS(out [][]byte) {
 	t := lc.tls
@@ -3047,7 +3013,7 @@ func (lc *loopClient) sendTLS(out [][]byte) {
 	}
 	if _, err := t.conn.Write(plain); err != nil {
 		lc.closing = true
-		lc.ls.el.Close(lc.gc)
+		lc.gc.Close()
 		return
 	}
 	lc.c.p.stats.bytesWritten.Add(uint64(len(plain)))
@@ -3055,7 +3021,7 @@ func (lc *loopClient) sendTLS(out [][]byte) {
 }
 
 // putSealed writes the records TLS wrote to the bridge, as put writes a
-// reply, except that gnet takes whatever the socket does not.
+// reply, except that evloop takes whatever the socket does not.
 func (lc *loopClient) putSealed() {
 	t := lc.tls
 	sealed := t.b.out
@@ -3069,10 +3035,10 @@ func (lc *loopClient) putSealed() {
 	lc.put([][]byte{sealed}, math.MaxInt)
 }
 
-// put writes bufs straight to the socket when gnet holds none of the
-// client's bytes, and gives gnet the rest the socket does not take, up to
-// copyMax bytes; when gnet holds some, it gives gnet all. It returns how
-// many bytes it wrote or gave gnet and the rest it did not, or ok false
+// put writes bufs straight to the socket when evloop holds none of the
+// client's bytes, and gives evloop the rest the socket does not take, up to
+// copyMax bytes; when evloop holds some, it gives evloop all. It returns how
+// many bytes it wrote or gave evloop and the rest it did not, or ok false
 // when the write failed, which closes the connection.
 func (lc *loopClient) put(bufs [][]byte, copyMax int) (n int, rest [][]byte, ok bool) {
 	gc := lc.gc
@@ -3088,7 +3054,7 @@ func (lc *loopClient) put(bufs [][]byte, copyMax int) (n int, rest [][]byte, ok 
 	lc.iov = iov
 	if err != nil {
 		lc.closing = true
-		lc.ls.el.Close(gc)
+		gc.Close()
 		return n, nil, false
 	}
 	left := bufsLen(rest)
@@ -3145,10 +3111,10 @@ func bufsLen(bufs [][]byte) int {
 	return n
 }
 
-// keep copies bufs, just given to gnet, after the bytes kept before, and
-// keeps only as many as gnet holds: it writes in order, so what it holds
+// keep copies bufs, just given to evloop, after the bytes kept before, and
+// keeps only as many as evloop holds: it writes in order, so what it holds
 // is the end of what it was given. The copy is what a handover writes of
-// the replies gnet drops when it closes its descriptor (see closed).
+// the replies evloop drops when it closes its descriptor (see closed).
 func (lc *loopClient) keep(bufs [][]byte) {
 	if lc.gc == nil || !lc.counted {
 		return // the write failed and closed the connection, or no use
@@ -3159,7 +3125,7 @@ func (lc *loopClient) keep(bufs [][]byte) {
 	lc.trimKept()
 }
 
-// trimKept drops the kept bytes gnet has written, and the buffer once it
+// trimKept drops the kept bytes evloop has written, and the buffer once it
 // holds none.
 func (lc *loopClient) trimKept() {
 	switch held := lc.gc.OutboundBuffered(); {

@@ -21,12 +21,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/panjf2000/gnet/v2"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/spf13/pflag"
 
 	"mcsidecar/codec"
 	"mcsidecar/keyspace"
+	"mcsidecar/proxy/evloop"
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/upstream"
 )
@@ -403,7 +403,7 @@ func TestReqQueueStaysSmall(t *testing.T) {
 // TestEventLoopDrainAnswersFromEjectedServer: while the proxy drains, a
 // request that fails at once (its server is ejected) is answered and the
 // connection closed, from inside the client's own read: the loop must not
-// close the connection under gnet there. The request races the drain's
+// close the connection under evloop there. The request races the drain's
 // next check, which would close the idle connection first, so the case
 // runs many times.
 func TestEventLoopDrainAnswersFromEjectedServer(t *testing.T) {
@@ -741,7 +741,7 @@ func testEventLoopZoneWrites(t *testing.T, writes string) {
 
 // TestEventLoopSlowReaderGetsEveryReply pipelines 400 gets of a 16 KiB
 // value, 6.4 MiB of replies, and reads them slowly: the loop holds replies
-// back while gnet holds more than loopOutMax of them, and must go on by
+// back while evloop holds more than loopOutMax of them, and must go on by
 // itself once the client has read, answering every get in order, on the
 // loop.
 func TestEventLoopSlowReaderGetsEveryReply(t *testing.T) {
@@ -792,7 +792,7 @@ func TestEventLoopHeldClientThatLeavesIsGone(t *testing.T) {
 	deaf := dial(t, addr)
 	deaf.SetDeadline(time.Now().Add(10 * time.Second))
 	// 2,000 gets owe 32 MiB of replies: more than the socket buffers and
-	// gnet hold, so the loop holds replies back before the client stops.
+	// evloop hold, so the loop holds replies back before the client stops.
 	batch := strings.Repeat("get big\r\n", 100)
 	for range 20 {
 		if _, err := io.WriteString(deaf, batch); err != nil {
@@ -893,11 +893,11 @@ func TestEventLoopLongRepliesInOrder(t *testing.T) {
 }
 
 // TestEventLoopHalfCloseGetsEveryReply pipelines 2,000 gets of a 16 KiB
-// value and does not read until gnet holds replies the socket did not
-// take, then ends its side of the connection and reads everything. gnet
+// value and does not read until evloop holds replies the socket did not
+// take, then ends its side of the connection and reads everything. evloop
 // drops what it holds when it closes its descriptor: the goroutine that
 // goes on with the connection must write those bytes first, except what
-// gnet's last write took, and then every other reply, in order and whole.
+// evloop's last write took, and then every other reply, in order and whole.
 func TestEventLoopHalfCloseGetsEveryReply(t *testing.T) {
 	needsWrittenCount(t)
 	p, addr := startProxy(t, loopConfig(startMemcached(t)))
@@ -933,7 +933,7 @@ func TestEventLoopHalfCloseGetsEveryReply(t *testing.T) {
 // TestEventLoopStopsTakingRequestsOfAClientThatReadsNone sends gets of a
 // 16 KiB value for 3 s as fast as the proxy takes them, without reading,
 // and without --idle-timeout: the requests the loop cannot answer yet must
-// not pile up without end (gnet cannot stop reading a socket, the
+// not pile up without end (evloop cannot stop reading a socket, the
 // goroutine path can), and the client must then get its replies, whole
 // and in order.
 func TestEventLoopStopsTakingRequestsOfAClientThatReadsNone(t *testing.T) {
@@ -962,9 +962,9 @@ func TestEventLoopStopsTakingRequestsOfAClientThatReadsNone(t *testing.T) {
 }
 
 // TestEventLoopHalfCloseAfterEveryReplyMade sends gets one at a time,
-// reading nothing, until the loop owes no reply and gnet holds more than
+// reading nothing, until the loop owes no reply and evloop holds more than
 // 32 KiB of them, then ends its side: with nothing owed and nothing
-// unread, the connection still moves, for the bytes gnet holds.
+// unread, the connection still moves, for the bytes evloop holds.
 func TestEventLoopHalfCloseAfterEveryReplyMade(t *testing.T) {
 	needsWrittenCount(t)
 	p, addr := startProxy(t, loopConfig(startMemcached(t)))
@@ -974,7 +974,7 @@ func TestEventLoopHalfCloseAfterEveryReplyMade(t *testing.T) {
 	gets := 0
 	for {
 		if gets == 1000 {
-			t.Fatal("gnet never held 32 KiB with no reply owed")
+			t.Fatal("evloop never held 32 KiB with no reply owed")
 		}
 		if _, err := io.WriteString(c, "get big\r\n"); err != nil {
 			t.Fatal(err)
@@ -1037,7 +1037,7 @@ func TestEventLoopBulkPipelinerStaysOnTheLoop(t *testing.T) {
 
 // TestShutdownEndsHandoversOfClientsThatReadNothing lets Shutdown's grace
 // run out on clients that read nothing, each moved from the loop while
-// gnet held replies: at a command the loop does not answer, with replies
+// evloop held replies: at a command the loop does not answer, with replies
 // still owed; after sending more than the loop lets wait; at a
 // half-close. Every connection must be gone soon after, none left waiting
 // in a handover for a loop that stopped or for a client that does not
@@ -1101,7 +1101,7 @@ func sendGetsUnread(t *testing.T, c net.Conn, done func() bool) int {
 	return sent
 }
 
-// needsWrittenCount skips a test of a connection that moves while gnet
+// needsWrittenCount skips a test of a connection that moves while evloop
 // holds its replies: only Linux counts the bytes a socket was given.
 func needsWrittenCount(t *testing.T) {
 	if runtime.GOOS != "linux" {
@@ -1111,8 +1111,8 @@ func needsWrittenCount(t *testing.T) {
 
 // TestEventLoopUnixSocketClientsKeepTheirReplies gets a 300 KiB value
 // three times over TCP and over a Unix socket, which counts no bytes
-// written: there gnet takes a long reply whole however much it holds, as
-// a connection cannot move while gnet holds bytes, and every reply
+// written: there evloop takes a long reply whole however much it holds, as
+// a connection cannot move while evloop holds bytes, and every reply
 // arrives.
 func TestEventLoopUnixSocketClientsKeepTheirReplies(t *testing.T) {
 	up := startMemcached(t)
@@ -1138,7 +1138,7 @@ func TestEventLoopUnixSocketClientsKeepTheirReplies(t *testing.T) {
 			c.SetDeadline(time.Now().Add(10 * time.Second))
 			const gets = 3
 			io.WriteString(c, strings.Repeat("get big\r\n", gets))
-			time.Sleep(300 * time.Millisecond) // gnet holds some
+			time.Sleep(300 * time.Millisecond) // evloop holds some
 			got := make([]byte, gets*len(want))
 			n, err := io.ReadFull(c, got)
 			if err != nil || string(got) != strings.Repeat(want, gets) {
@@ -1154,14 +1154,13 @@ func onLoop(t *testing.T, p *Proxy, f func(lc *loopClient) bool) bool {
 	t.Helper()
 	res := make(chan bool, 1)
 	for el, ls := range eventLoopsOf(p) {
-		err := el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		err := el.Execute(func() {
 			ok := false
 			for lc := range ls.clients {
 				ok = ok || f(lc)
 			}
 			res <- ok
-			return nil
-		}))
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1184,7 +1183,7 @@ func waitOnLoop(t *testing.T, p *Proxy, f func(lc *loopClient) bool) {
 }
 
 // eventLoopsOf returns p's event loops with their states.
-func eventLoopsOf(p *Proxy) map[gnet.EventLoop]*loopState {
+func eventLoopsOf(p *Proxy) map[*evloop.Loop]*loopState {
 	p.mu.Lock()
 	l := p.loops
 	p.mu.Unlock()
@@ -1199,11 +1198,10 @@ func stallLoop(t *testing.T, p *Proxy, d time.Duration) {
 	t.Helper()
 	for el := range eventLoopsOf(p) {
 		began := make(chan struct{})
-		el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		el.Execute(func() {
 			close(began)
 			time.Sleep(d)
-			return nil
-		}))
+		})
 		<-began
 	}
 }
@@ -1328,9 +1326,9 @@ func TestEventLoopDeleteOfDamagedItemFailingAtOnce(t *testing.T) {
 }
 
 // TestReplyScanReadsLongValuesInPlace feeds a reply scan a long value the
-// way the loop reads one: the header through gnet's buffer, then the value
+// way the loop reads one: the header through evloop's buffer, then the value
 // read straight into the room its connection gives, in uneven pieces, then the
-// rest of the reply through gnet's buffer again. What it gathers is the
+// rest of the reply through evloop's buffer again. What it gathers is the
 // reply, byte for byte; bytes that arrive elsewhere are copied, not taken
 // as if they were in place.
 func TestReplyScanReadsLongValuesInPlace(t *testing.T) {
@@ -1353,7 +1351,7 @@ func TestReplyScanReadsLongValuesInPlace(t *testing.T) {
 		size   int   // of the value
 		mean   int   // of the connection's replies before
 		pieces []int // bytes of the value and its CRLF per read
-		place  bool  // read into room; otherwise from a buffer of gnet's
+		place  bool  // read into room; otherwise from a buffer of evloop's
 	}{
 		{"in place, one piece a room", 3*loopDirectMax/2 + 7, 0, nil, true},
 		{"in place, uneven pieces", 3*loopDirectMax/2 + 7, 0, []int{1, 4095, loopDirectMin + 3, 100000}, true},
@@ -1372,7 +1370,7 @@ func TestReplyScanReadsLongValuesInPlace(t *testing.T) {
 			u.replyMean = tc.mean
 			r := &u.scan
 			// read puts data where the loop's next read would: into the
-			// room, or into a buffer of gnet's.
+			// room, or into a buffer of evloop's.
 			read := func(b []byte, place bool) []byte {
 				room := u.room()
 				if place {
@@ -1672,7 +1670,7 @@ func TestEventLoopHeldRepliesLetGoOfChunks(t *testing.T) {
 // TestEventLoopResumesHeldClientsWhenWritten holds a client back, as
 // TestEventLoopHeldRepliesLetGoOfChunks does, with the loop's tick an hour
 // away: the client must still get every reply, resumed at the end of the
-// poll in which gnet wrote enough of what it held, not at the next tick.
+// poll in which evloop wrote enough of what it held, not at the next tick.
 func TestEventLoopResumesHeldClientsWhenWritten(t *testing.T) {
 	tick := loopTick
 	loopTick = time.Hour
@@ -1726,11 +1724,10 @@ func TestEventLoopLongValuesReuseChunks(t *testing.T) {
 	onLoops := func(f func(ls *loopState)) {
 		for el, ls := range eventLoopsOf(p) {
 			ran := make(chan struct{})
-			el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			el.Execute(func() {
 				defer close(ran)
 				f(ls)
-				return nil
-			}))
+			})
 			<-ran
 		}
 	}

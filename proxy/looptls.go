@@ -9,15 +9,15 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/panjf2000/gnet/v2"
+	"mcsidecar/proxy/evloop"
 )
 
 // loopTLS is TLS on one of a loop's upstream connections. crypto/tls
 // reads and writes a net.Conn; here that is a bridge, which during the
 // handshake (in the dialling goroutine) passes through to the socket and
-// afterwards holds bytes for the loop: what gnet read from the socket,
+// afterwards holds bytes for the loop: what evloop read from the socket,
 // for the TLS client to decrypt, and what the TLS client encrypted, for
-// gnet to write. A record that has not arrived whole makes the client's
+// evloop to write. A record that has not arrived whole makes the client's
 // Read return errRecordPending, a temporary error, which crypto/tls keeps no
 // trace of: the record's first bytes wait in the client until the rest
 // comes.
@@ -72,7 +72,7 @@ func (b *tlsBridge) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// Once the loop owns the socket, gnet closes it and the loop keeps time.
+// Once the loop owns the socket, evloop closes it and the loop keeps time.
 func (b *tlsBridge) Close() error {
 	if !b.loop {
 		return b.Conn.Close()
@@ -114,13 +114,13 @@ func (b *tlsBridge) SyscallConn() (syscall.RawConn, error) {
 // has not read yet.
 func (b *tlsBridge) Buffered() int { return len(b.in) - b.off }
 
-// read decrypts what gnet holds of gc onto t.plain. It returns io.EOF
+// read decrypts what evloop holds of gc onto t.plain. It returns io.EOF
 // once the peer ended the session (the bytes before it are good) or the
 // error that broke it. Bytes TLS itself must answer with wait in t.b.out
 // for the caller to write.
-func (t *loopTLS) read(gc gnet.Conn) error {
+func (t *loopTLS) read(gc *evloop.Conn) error {
 	b := t.b
-	raw, _ := gc.Peek(-1)
+	raw := gc.Peek()
 	b.in = append(b.in[:copy(b.in, b.in[b.off:])], raw...)
 	b.off = 0
 	gc.Discard(len(raw))
@@ -154,7 +154,7 @@ func (t *loopTLS) took(n int) {
 
 // write encrypts requests p and writes them, in TLS records that end
 // where requests end (see upstream.RequestRecords).
-func (t *loopTLS) write(gc gnet.Conn, p []byte) error {
+func (t *loopTLS) write(gc *evloop.Conn, p []byte) error {
 	if _, err := t.w.Write(p); err != nil {
 		return err
 	}
@@ -164,7 +164,7 @@ func (t *loopTLS) write(gc gnet.Conn, p []byte) error {
 
 // send writes what the TLS client wrote to the bridge. A failed write
 // closes gc there and then, as every other write on the loop.
-func (t *loopTLS) send(gc gnet.Conn) {
+func (t *loopTLS) send(gc *evloop.Conn) {
 	b := t.b
 	if len(b.out) == 0 {
 		return

@@ -6,7 +6,7 @@ package proxy
 // proxy hold their replies without end: a hundred pipelined gets of
 // megabyte values are a hundred megabytes. Each connection may be owed at
 // most --max-client-output-bytes: the replies made and not yet given to
-// the socket, the replies an event loop's gnet holds to write once the
+// the socket, the replies an event loop holds to write once the
 // socket has room, and the replies of the retrievals asked upstream and
 // not answered yet, which are charged before they come at what the
 // client's replies have been per key (see estimate), and at their own
@@ -43,7 +43,7 @@ func (lc *loopClient) estimate(n int) int {
 }
 
 // owed is how many bytes of replies the client is owed: those charged,
-// and those gnet holds for it.
+// and those evloop holds for it.
 func (lc *loopClient) owed() int {
 	n := lc.charged
 	if lc.gc != nil {
@@ -73,7 +73,7 @@ func (lc *loopClient) outputFull(n int) bool {
 	return true
 }
 
-// waits reports whether a client held back must wait on: gnet holds too
+// waits reports whether a client held back must wait on: evloop holds too
 // many of its replies (full), or the retrieval it was held back at does
 // not fit yet, at what it would be charged now.
 func (lc *loopClient) waits() bool {
@@ -104,8 +104,8 @@ func (lc *loopClient) made(s *loopSlot) {
 	lc.perKey = max(per, lc.perKey-lc.perKey/8)
 }
 
-// noteOut takes in the loop's count how many bytes gnet holds for the
-// client now (none once it is closed): gnet writes them without telling,
+// noteOut takes in the loop's count how many bytes evloop holds for the
+// client now (none once it is closed): evloop writes them without telling,
 // so the count is what it held when last looked at, no less.
 func (lc *loopClient) noteOut() {
 	n := 0
@@ -118,7 +118,7 @@ func (lc *loopClient) noteOut() {
 }
 
 // closeIdle closes a client that completed no request, or read none of
-// its replies, for --idle-timeout: counted as idle, and when gnet still
+// its replies, for --idle-timeout: counted as idle, and when evloop still
 // holds replies for it, as a client that left them unread, as the
 // goroutine path counts one whose write does not finish.
 func (lc *loopClient) closeIdle() {
@@ -128,7 +128,7 @@ func (lc *loopClient) closeIdle() {
 		st.connsOutputClosed.Add(1)
 	}
 	lc.closing = true
-	lc.ls.el.Close(lc.gc)
+	lc.gc.Close()
 }
 
 // notePeak records the most bytes the loop has been owed by its clients

@@ -18,6 +18,7 @@ import (
 
 	"mcsidecar/codec"
 	"mcsidecar/keyspace"
+	"mcsidecar/proxy/evloop"
 	"mcsidecar/proxy/tier"
 	"mcsidecar/proxy/upstream"
 )
@@ -69,7 +70,10 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.EventLoops == EventLoopsAuto {
-		cfg.EventLoops = 1
+		cfg.EventLoops = 0
+		if evloop.Supported {
+			cfg.EventLoops = 1
+		}
 	}
 	var err error
 	var cd *codec.Codec

@@ -283,7 +283,7 @@ func waitServed(t *testing.T, served <-chan error) {
 // still owed. The proxy reads the requests early (on the event loop while
 // it holds replies back), and must answer every one before it closes the
 // connection: on both paths, to a client that reads at once, and on the
-// loop to one that reads a reply every 15 ms, whose replies gnet holds
+// loop to one that reads a reply every 15 ms, whose replies evloop holds
 // when it has none left to make.
 func TestDrainAnswersRequestsAlreadyRead(t *testing.T) {
 	for _, tc := range []struct {

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -20,8 +19,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/panjf2000/gnet/v2"
 
 	"mcsidecar/proxy/internal/sockio"
 	"mcsidecar/proxy/upstream"
@@ -529,7 +526,7 @@ func loopTLSUpstreams(p *Proxy) int {
 	n := 0
 	for el, ls := range eventLoopsOf(p) {
 		done := make(chan int)
-		el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		el.Execute(func() {
 			k := 0
 			for _, u := range ls.ups {
 				if u.tls != nil {
@@ -537,8 +534,7 @@ func loopTLSUpstreams(p *Proxy) int {
 				}
 			}
 			done <- k
-			return nil
-		}))
+		})
 		n += <-done
 	}
 	return n
@@ -675,14 +671,14 @@ func TestTLSClientsOnTheLoop(t *testing.T) {
 	}
 }
 
-// TestTLSClientHandedOverWhileGnetHoldsRecords pipelines gets of a 16 KiB
-// value over TLS and reads nothing until gnet holds encrypted replies the
+// TestTLSClientHandedOverWhileTheLoopHoldsRecords pipelines gets of a 16 KiB
+// value over TLS and reads nothing until evloop holds encrypted replies the
 // socket did not take; then the connection moves to the goroutine path,
 // at a meta command, or because the client ended its session and its
-// side of the connection. The records gnet held and dropped must reach
+// side of the connection. The records evloop held and dropped must reach
 // the client first, the rest of the session after them: every reply
 // decrypts, whole and in order.
-func TestTLSClientHandedOverWhileGnetHoldsRecords(t *testing.T) {
+func TestTLSClientHandedOverWhileTheLoopHoldsRecords(t *testing.T) {
 	needsWrittenCount(t)
 	pki := newTestPKI(t, "clients")
 	cert, key := pki.issue(t, "proxy", x509.ExtKeyUsageServerAuth)
@@ -726,7 +722,7 @@ func TestTLSClientHandedOverWhileGnetHoldsRecords(t *testing.T) {
 				t.Fatalf("case %d, reply %d: %q (%v), want %q", i, j, short(got), err, short(w))
 			}
 			if i == 0 {
-				// Slowly: gnet still holds replies when the loop has
+				// Slowly: evloop still holds replies when the loop has
 				// written the last one it owes and hands over.
 				time.Sleep(time.Millisecond)
 			}

@@ -5,12 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"slices"
 	"sync/atomic"
 	"time"
 
-	"github.com/panjf2000/gnet/v2"
+	"mcsidecar/proxy/evloop"
 )
 
 // The timed phase runs on event loops by default: a goroutine per
@@ -23,10 +24,9 @@ import (
 
 // loopDriver is the event handler of the timed phase's loops.
 type loopDriver struct {
-	gnet.BuiltinEventEngine
 	sh      *shared
 	workers []*worker
-	cli     *gnet.Client
+	cli     *evloop.Engine
 	left    atomic.Int64  // workers not finished
 	done    chan struct{} // closed when left reaches 0
 	stopped chan struct{} // ends the timeout watch
@@ -40,12 +40,9 @@ var errReplyTimeout = errors.New("no reply within --timeout")
 // wait for run.
 func startLoops(sh *shared, workers []*worker, n int) (*loopDriver, error) {
 	d := &loopDriver{sh: sh, workers: workers, done: make(chan struct{}), stopped: make(chan struct{})}
-	cli, err := gnet.NewClient(d, gnet.WithNumEventLoop(n), gnet.WithTCPNoDelay(gnet.TCPNoDelay),
-		gnet.WithLogger(gnetLog{}))
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("from", "loadgen")
+	cli, err := evloop.New(evloop.Config{Loops: n, NoDelay: true, Log: log}, d)
 	if err != nil {
-		return nil, err
-	}
-	if err := cli.Start(); err != nil {
 		return nil, err
 	}
 	d.cli = cli
@@ -53,7 +50,7 @@ func startLoops(sh *shared, workers []*worker, n int) (*loopDriver, error) {
 		if w.dead {
 			continue
 		}
-		gc, err := cli.EnrollContext(w.nc, w) // closes w.nc, keeping a copy of its socket
+		gc, err := cli.Enroll(w.nc, w) // closes w.nc, keeping a copy of its socket
 		if err != nil {
 			d.stop()
 			return nil, fmt.Errorf("conn %d: onto an event loop: %w", w.id, err)
@@ -73,8 +70,12 @@ func (d *loopDriver) run() {
 	}
 	go d.watch()
 	for _, w := range d.workers {
-		if w.gc != nil {
-			w.gc.Wake(nil) // its OnTraffic sends the first request
+		if gc := w.gc; gc != nil {
+			gc.Loop().Execute(func() { // its OnTraffic sends the first request
+				if d.OnTraffic(gc) == evloop.Close {
+					gc.Close()
+				}
+			})
 		}
 	}
 	<-d.done
@@ -102,25 +103,30 @@ func (d *loopDriver) watch() {
 			for _, w := range d.workers {
 				sent := w.sentAt.Load()
 				if sent != 0 && now.UnixNano()-sent > int64(timeout) && !w.timedOut.Swap(true) {
-					w.gc.Close()
+					gc := w.gc
+					gc.Loop().Execute(gc.Close)
 				}
 			}
 		}
 	}
 }
 
-func (d *loopDriver) OnTraffic(c gnet.Conn) gnet.Action {
+// OnOpen has nothing to do: run sends the first requests.
+func (d *loopDriver) OnOpen(*evloop.Conn) evloop.Action { return evloop.None }
+
+func (d *loopDriver) OnTraffic(c *evloop.Conn) evloop.Action {
 	w := c.Context().(*worker)
 	if w.finished {
-		return gnet.None
+		return evloop.None
 	}
 	if !w.inFlight {
 		return d.next(w) // woken by run
 	}
-	// A reply read whole in one go is read where gnet read it; one that
-	// comes in pieces is gathered in w.acc, its first piece copied there
-	// and the rest read into it (see ReadInto).
-	in, _ := c.Next(-1)
+	// A reply read whole in one go is read where the loop read it; one
+	// that comes in pieces is gathered in w.acc, its first piece copied
+	// there and the rest read into it (see ReadInto).
+	in := c.Peek()
+	c.Discard(len(in))
 	buf := in
 	if n := len(w.acc); n > 0 {
 		if len(in) > 0 && n < cap(w.acc) && &w.acc[:n+1][n] == &in[0] {
@@ -135,7 +141,7 @@ func (d *loopDriver) OnTraffic(c gnet.Conn) gnet.Action {
 		if len(w.acc) == 0 {
 			w.acc = append(w.acc, in...)
 		}
-		return gnet.None // the rest of the reply is still to come
+		return evloop.None // the rest of the reply is still to come
 	}
 	w.reply = buf[:n]
 	var err error
@@ -155,14 +161,14 @@ func (d *loopDriver) OnTraffic(c gnet.Conn) gnet.Action {
 	w.completed()
 	if err != nil {
 		d.fail(w, err)
-		return gnet.Close
+		return evloop.Close
 	}
 	return d.next(w)
 }
 
 // ReadInto has the rest of a reply that came in pieces read straight
 // into w.acc, where its first piece waits.
-func (d *loopDriver) ReadInto(c gnet.Conn) []byte {
+func (d *loopDriver) ReadInto(c *evloop.Conn) []byte {
 	w := c.Context().(*worker)
 	if len(w.acc) == 0 || c.InboundBuffered() > 0 {
 		return nil
@@ -173,12 +179,12 @@ func (d *loopDriver) ReadInto(c gnet.Conn) []byte {
 
 // next sends the worker's next request, or finishes it when the run is
 // over.
-func (d *loopDriver) next(w *worker) gnet.Action {
+func (d *loopDriver) next(w *worker) evloop.Action {
 	cfg := w.cfg
 	now := time.Now()
 	if cfg.duration > 0 && !now.Before(w.sh.end) || cfg.requests > 0 && w.sh.claimed.Add(1) > cfg.requests {
 		d.finish(w)
-		return gnet.None
+		return evloop.None
 	}
 	if len(w.own) == 0 || w.rng.Float64() < cfg.getRatio {
 		w.setKey = -1
@@ -191,14 +197,14 @@ func (d *loopDriver) next(w *worker) gnet.Action {
 	w.scan = replyScan{get: w.setKey < 0}
 	w.began, w.inFlight = now, true
 	w.sentAt.Store(now.UnixNano())
-	_, err := w.gc.Write(w.out.b) // gnet keeps what the socket does not take
+	_, err := w.gc.Write(w.out.b) // the loop keeps what the socket does not take
 	w.out.b = w.out.b[:0]
 	if err != nil {
 		w.completed()
 		d.fail(w, err)
-		return gnet.Close
+		return evloop.Close
 	}
-	return gnet.None
+	return evloop.None
 }
 
 // completed counts the request in flight as done.
@@ -214,10 +220,10 @@ func (w *worker) completed() {
 	w.sentAt.Store(0)
 }
 
-func (d *loopDriver) OnClose(c gnet.Conn, err error) gnet.Action {
+func (d *loopDriver) OnClose(c *evloop.Conn, err error) {
 	w := c.Context().(*worker)
 	if w.finished {
-		return gnet.None
+		return
 	}
 	if w.inFlight {
 		w.completed()
@@ -229,7 +235,6 @@ func (d *loopDriver) OnClose(c gnet.Conn, err error) gnet.Action {
 		err = io.ErrUnexpectedEOF
 	}
 	d.fail(w, err)
-	return gnet.None
 }
 
 // fail gives the worker up, as fail does on a goroutine.
@@ -282,24 +287,10 @@ func (r *replyScan) end(b []byte) int {
 	return 0
 }
 
-// outBuf collects a request on its way to gnet.
+// outBuf collects a request on its way to the loop.
 type outBuf struct{ b []byte }
 
 func (o *outBuf) Write(p []byte) (int, error) {
 	o.b = append(o.b, p...)
 	return len(p), nil
-}
-
-// gnetLog passes on only gnet's errors.
-type gnetLog struct{}
-
-func (gnetLog) Debugf(string, ...any) {}
-func (gnetLog) Infof(string, ...any)  {}
-func (gnetLog) Warnf(string, ...any)  {}
-func (gnetLog) Errorf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "loadgen: gnet: "+format+"\n", args...)
-}
-func (gnetLog) Fatalf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "loadgen: gnet: "+format+"\n", args...)
-	os.Exit(2)
 }

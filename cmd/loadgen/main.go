@@ -36,8 +36,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/panjf2000/gnet/v2"
 	"github.com/spf13/pflag"
+
+	"mcsidecar/proxy/evloop"
 )
 
 // config is the command's settings.
@@ -333,7 +334,7 @@ type worker struct {
 	// written and the reply being read, the request in flight (setKey is
 	// the owned key a set stores, -1 for a get) and when it was sent.
 	onLoop             bool
-	gc                 gnet.Conn
+	gc                 *evloop.Conn
 	out                outBuf
 	reply              []byte // the rest of the reply being read
 	inFlight, finished bool

@@ -1,0 +1,96 @@
+// Package evloop runs stream connections on event loops: each loop is one
+// goroutine that waits on epoll for its sockets and calls a Handler as
+// they become readable, writing what the socket does not take once it has
+// room. It is the small part of an event-loop library the proxy needs:
+// connections are accepted or dialled elsewhere and enrolled, and nothing
+// else (no listeners, timers or UDP) is offered.
+//
+// Event loops need Linux; elsewhere New fails and Supported is false.
+package evloop
+
+import (
+	"errors"
+	"log/slog"
+)
+
+// Action is what a callback asks of the loop once it returns.
+type Action int
+
+const (
+	// None leaves the connection as it is.
+	None Action = iota
+	// Close closes the connection once the callback has returned.
+	Close
+)
+
+// Handler is told what happens to a loop's connections. Every call runs
+// on the connection's loop goroutine, one at a time per loop.
+type Handler interface {
+	// OnOpen is called once a connection is on its loop, before any of its
+	// bytes is read.
+	OnOpen(c *Conn) Action
+	// OnTraffic is called after each read that brought bytes: Peek shows
+	// them, after those left unread before.
+	OnTraffic(c *Conn) Action
+	// OnClose is called once when the connection closes: err is nil when
+	// the handler or the loop's stop closed it, and says why otherwise
+	// (io.EOF, wrapped, when the peer ended it). The connection's buffers
+	// are still there: what it holds to write is written once more as
+	// far as the socket takes it, after OnClose returns, and the socket
+	// is closed then.
+	OnClose(c *Conn, err error)
+}
+
+// PollEnder is a Handler that is told each time a loop has handled every
+// event one wait returned and run the tasks queued by then, just before it
+// waits again: work the events made, such as writes to other connections,
+// can be done once for all of them there. A task it queues runs after the
+// next wait.
+type PollEnder interface {
+	OnPollEnd(l *Loop)
+}
+
+// ReadIntoer is a Handler that may choose, connection by connection, the
+// buffer the next read goes into instead of the loop's own: a long message
+// then lands where it is kept, without a copy out of the loop's buffer.
+// ReadInto is called before each read; a non-empty buffer takes at most
+// its length, nil reads into the loop's buffer. Bytes OnTraffic leaves
+// unread are copied out of it, so it may be reused once OnTraffic returns.
+// A buffer given while earlier bytes are still unread saves nothing: Peek
+// then copies the new bytes after the old ones.
+type ReadIntoer interface {
+	ReadInto(c *Conn) []byte
+}
+
+// Config says how many loops to run and how they treat their sockets.
+type Config struct {
+	// Loops is the number of event loops, at least 1.
+	Loops int
+	// ReadBuffer is the most bytes one read takes into a loop's own
+	// buffer (0: 64 KiB). Each loop has one.
+	ReadBuffer int
+	// NoDelay sets TCP_NODELAY on every TCP connection enrolled.
+	NoDelay bool
+	// Log receives the errors no caller sees (a failed epoll_wait, a
+	// socket that would not close); nil drops them.
+	Log *slog.Logger
+}
+
+const defaultReadBuffer = 64 << 10
+
+// ErrStopped is what Execute and Enroll return once the engine or the
+// loop stops.
+var ErrStopped = errors.New("evloop: stopped")
+
+// errNeedsLinux is New's error where there is no epoll.
+var errNeedsLinux = errors.New("evloop: event loops need Linux (epoll)")
+
+func (cfg *Config) validate() error {
+	switch {
+	case cfg.Loops < 1:
+		return errors.New("evloop: at least one loop")
+	case cfg.ReadBuffer < 0:
+		return errors.New("evloop: negative read buffer")
+	}
+	return nil
+}
