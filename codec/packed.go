@@ -249,24 +249,11 @@ func appendPacked(dst []byte, n uint64, payload []byte) ([]byte, error) {
 	if streamLen < least || (count == 0 && streamLen > 0) {
 		return dst, ErrLengthMismatch
 	}
-	scratch := uint64(0)
-	if compressed {
-		scratch = streamLen
+	out, stream, err := reserveStream(dst, n, streamLen, compressed, body)
+	if err != nil {
+		return dst, err
 	}
-	if n+scratch > math.MaxInt-uint64(len(dst)) {
-		return dst, ErrLengthMismatch
-	}
-	start, end := len(dst), len(dst)+int(n)
-	out := grow(dst, int(n+scratch))[:end]
-	stream := body
-	if compressed {
-		dec, err := snappy.Decode(out[end:end+int(streamLen)], body)
-		if err != nil || len(dec) != int(streamLen) {
-			return dst, ErrDecodeError
-		}
-		stream = dec
-	}
-	refs := out[start:]
+	refs := out[len(dst):]
 	if layout == layoutTSDB {
 		binary.BigEndian.PutUint32(refs, uint32(count))
 		refs = refs[4:]

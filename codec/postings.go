@@ -218,27 +218,38 @@ func appendPostings(dst []byte, n uint64, payload []byte) ([]byte, error) {
 	if count > streamLen || streamLen > count*binary.MaxVarintLen64 {
 		return dst, ErrLengthMismatch
 	}
+	out, stream, err := reserveStream(dst, n, streamLen, compressed, body)
+	if err != nil {
+		return dst, err
+	}
+	if !expandStream(out[len(dst):], stream, layout, int(count)) {
+		return dst, ErrDecodeError
+	}
+	return out, nil
+}
+
+// reserveStream extends dst by n bytes for the references, and returns it
+// with the stream to expand into them: body itself, or body
+// snappy-decoded (to streamLen bytes) into room past the n bytes, so that
+// one allocation serves both.
+func reserveStream(dst []byte, n, streamLen uint64, compressed bool, body []byte) (out, stream []byte, err error) {
 	scratch := uint64(0)
 	if compressed {
 		scratch = streamLen
 	}
 	if n+scratch > math.MaxInt-uint64(len(dst)) {
-		return dst, ErrLengthMismatch
+		return dst, nil, ErrLengthMismatch
 	}
-	start, end := len(dst), len(dst)+int(n)
-	out := grow(dst, int(n+scratch))[:end]
-	stream := body
-	if compressed {
-		dec, err := snappy.Decode(out[end:end+int(streamLen)], body)
-		if err != nil || len(dec) != int(streamLen) {
-			return dst, ErrDecodeError
-		}
-		stream = dec
+	end := len(dst) + int(n)
+	out = grow(dst, int(n+scratch))[:end]
+	if !compressed {
+		return out, body, nil
 	}
-	if !expandStream(out[start:], stream, layout, int(count)) {
-		return dst, ErrDecodeError
+	dec, err := snappy.Decode(out[end:end+int(streamLen)], body)
+	if err != nil || len(dec) != int(streamLen) {
+		return dst, nil, ErrDecodeError
 	}
-	return out, nil
+	return out, dec, nil
 }
 
 // expandStream writes the count references of stream into out, in their
