@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 )
 
@@ -33,9 +34,14 @@ type isoClient struct {
 	shape isoShape
 
 	// bases are the values written to each data key by set and add, and
-	// appends the suffixes appended to it, in the order sent.
+	// appends the suffixes appended to it, in the order sent. An append
+	// whose fate is unknown (answered SERVER_ERROR, or unanswered when its
+	// connection ended) is in unsure: memcached may still apply it at any
+	// later time, after appends sent later on another connection, so it
+	// may stand anywhere in the value, though still at most once.
 	bases   map[string][]string
 	appends map[string][]string
+	unsure  map[string]bool
 	// counters are the counter keys by epoch: each epoch's counter is
 	// set to its base once and then incremented or decremented up to
 	// isoCounterOps times.
@@ -74,6 +80,7 @@ type isoRequest struct {
 	cmd  string
 	keys []string // a retrieval's keys, or the one key
 	op   int      // incr and decr: the operation's index on its counter
+	data string   // append: the suffix
 }
 
 func newIsoClient(id int, seed uint64, shape isoShape) *isoClient {
@@ -82,6 +89,7 @@ func newIsoClient(id int, seed uint64, shape isoShape) *isoClient {
 		rng:      rand.New(rand.NewPCG(seed, uint64(id)+1)),
 		bases:    map[string][]string{},
 		appends:  map[string][]string{},
+		unsure:   map[string]bool{},
 		counters: map[string]*isoCounter{},
 	}
 }
@@ -118,7 +126,7 @@ func (c *isoClient) batch() ([]isoRequest, []byte) {
 			c.values++
 			suffix := fmt.Sprintf("+c%02da%05d", c.id, c.values)
 			c.appends[k] = append(c.appends[k], suffix)
-			b.add(isoRequest{cmd: "append", keys: []string{k}}, "append %s 0 0 %d\r\n%s\r\n", k, len(suffix), suffix)
+			b.add(isoRequest{cmd: "append", keys: []string{k}, data: suffix}, "append %s 0 0 %d\r\n%s\r\n", k, len(suffix), suffix)
 		case n < 68:
 			b.add(isoRequest{cmd: "delete", keys: []string{k}}, "delete %s\r\n", k)
 		case n < 76:
@@ -263,6 +271,9 @@ func (c *isoClient) readReplies(nc net.Conn, br *bufio.Reader, reqs []isoRequest
 		}
 		reply, err := readReply(br)
 		if err != nil {
+			for _, u := range reqs[i:] {
+				c.mayLandLater(u)
+			}
 			if p := c.checkPartial(r, reply); p != "" {
 				c.problem("%s %s: partial reply %q before %v: %s", r.cmd, strings.Join(r.keys, " "), short(reply), err, p)
 			}
@@ -289,10 +300,18 @@ func (c *isoClient) problem(format string, args ...any) {
 	c.problems = append(c.problems, p)
 }
 
+// mayLandLater records that r's fate is unknown.
+func (c *isoClient) mayLandLater(r isoRequest) {
+	if r.cmd == "append" {
+		c.unsure[r.data] = true
+	}
+}
+
 // check says what is wrong with reply as the reply to r, or returns "".
 func (c *isoClient) check(r isoRequest, reply string) string {
 	if strings.HasPrefix(reply, "SERVER_ERROR ") && strings.Count(reply, "\n") == 1 && strings.HasSuffix(reply, "\r\n") {
 		c.errors++
+		c.mayLandLater(r)
 		return ""
 	}
 	switch line := strings.TrimSuffix(reply, "\r\n"); r.cmd {
@@ -403,24 +422,41 @@ func (c *isoClient) checkData(k, data string) string {
 }
 
 // isValue reports whether data is a value written to k, followed by
-// suffixes appended to it after it, each at most once and in the order
-// sent: any base written, then any subsequence of the appends.
+// suffixes appended to it after it, each at most once: any base written,
+// then a subsequence of the appends in the order sent, among which the
+// unsure ones may stand anywhere.
 func (c *isoClient) isValue(k, data string) bool {
-	appends := c.appends[k]
 	for _, b := range c.bases[k] {
-		if len(data) < len(b) || !marked(data[:len(b)], b) {
+		if len(data) >= len(b) && marked(data[:len(b)], b) && c.isAppended(k, data[len(b):], 0, map[string]bool{}) {
+			return true
+		}
+	}
+	return false
+}
+
+// isAppended reports whether rest is a run of k's appends, each at most
+// once, the sure ones in the order sent from the next-th on, the unsure
+// ones anywhere except where used already says they stood.
+func (c *isoClient) isAppended(k, rest string, next int, used map[string]bool) bool {
+	if rest == "" {
+		return true
+	}
+	appends := c.appends[k]
+	for i, s := range appends {
+		if len(rest) < len(s) || !marked(rest[:len(s)], s) {
 			continue
 		}
-		rest, next := data[len(b):], 0
-		for len(rest) > 0 && next < len(appends) {
-			s := appends[next]
-			next++
-			if len(rest) >= len(s) && marked(rest[:len(s)], s) {
-				rest = rest[len(s):]
+		switch {
+		case c.unsure[s] && !used[s]:
+			used[s] = true
+			if c.isAppended(k, rest[len(s):], next, used) {
+				return true
 			}
-		}
-		if rest == "" {
-			return true
+			used[s] = false
+		case !c.unsure[s] && i >= next:
+			if c.isAppended(k, rest[len(s):], i+1, used) {
+				return true
+			}
 		}
 	}
 	return false
@@ -529,3 +565,36 @@ func (c *isoClient) otherClient(p string) string {
 }
 
 func isDigit(b byte) bool { return b >= '0' && b <= '9' }
+
+// TestIsoClientHoldsValuesToWhatWasWritten checks the checker: appends in
+// the order sent pass, each at most once; a sure append out of order, one
+// applied twice or another client's fail; an append whose fate is unknown
+// may stand anywhere.
+func TestIsoClientHoldsValuesToWhatWasWritten(t *testing.T) {
+	c := newIsoClient(1, 1, isoShape{})
+	k := c.key('k', 0)
+	c.bases[k] = []string{"base"}
+	c.appends[k] = []string{"+c01a00001", "+c01a00002", "+c01a00003"}
+	for _, tc := range []struct {
+		data   string
+		unsure string
+		want   bool
+	}{
+		{"base", "", true},
+		{"base+c01a00001+c01a00003", "", true},
+		{"base+c01a0~001+c01a00002", "", true},
+		{"base+c01a00002+c01a00001", "", false},
+		{"base+c01a00001+c01a00001", "", false},
+		{"base+c02a00001", "", false},
+		{"other+c01a00001", "", false},
+		{"base+c01a00002+c01a00001", "+c01a00001", true},
+		{"base+c01a00002+c01a00001+c01a00003", "+c01a00001", true},
+		{"base+c01a00001+c01a00003+c01a00001", "+c01a00001", false},
+		{"base+c01a00003+c01a00002", "+c01a00001", false},
+	} {
+		c.unsure = map[string]bool{tc.unsure: tc.unsure != ""}
+		if got := c.isValue(k, tc.data); got != tc.want {
+			t.Errorf("%q with %q unsure: isValue = %v, want %v", tc.data, tc.unsure, got, tc.want)
+		}
+	}
+}
