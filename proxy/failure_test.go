@@ -65,6 +65,17 @@ func readReply(br *bufio.Reader) (string, error) {
 				return out.String(), err
 			}
 			out.Write(data)
+		case strings.HasPrefix(line, "VA "):
+			// A meta get's value: its block ends the reply.
+			f := strings.Fields(line)
+			n, err := strconv.Atoi(f[1])
+			if err != nil {
+				return out.String(), fmt.Errorf("bad VA line %q", line)
+			}
+			data := make([]byte, n+2)
+			_, err = io.ReadFull(br, data)
+			out.Write(data)
+			return out.String(), err
 		case strings.HasPrefix(line, "STAT "):
 		default:
 			return out.String(), nil

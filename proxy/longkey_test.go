@@ -1,12 +1,10 @@
 package proxy
 
 import (
-	"bufio"
 	"encoding/base64"
 	"fmt"
 	"io"
 	"net"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -87,7 +85,7 @@ func TestFederatedKeyWorksForEveryCommand(t *testing.T) {
 						t.Fatal(err)
 					}
 					lc.c.SetDeadline(time.Now().Add(10 * time.Second))
-					got, err := readMetaReply(lc.br)
+					got, err := readReply(lc.br)
 					if err != nil {
 						t.Fatalf("step %d %.30q: %v (read %.80q)", i, s.req, err, got)
 					}
@@ -168,44 +166,9 @@ func doMeta(t *testing.T, lc *lineClient, req string) string {
 	if _, err := io.WriteString(lc.c, req); err != nil {
 		t.Fatal(err)
 	}
-	got, err := readMetaReply(lc.br)
+	got, err := readReply(lc.br)
 	if err != nil {
 		t.Fatalf("%.40q: %v (read %q)", req, err, got)
 	}
 	return got
-}
-
-// readMetaReply reads one reply as readReply does, and the data block
-// after a meta command's VA line too.
-func readMetaReply(br *bufio.Reader) (string, error) {
-	var out strings.Builder
-	for {
-		line, err := br.ReadString('\n')
-		out.WriteString(line)
-		if err != nil {
-			return out.String(), err
-		}
-		f := strings.Fields(line)
-		block := 0
-		switch {
-		case len(f) >= 4 && f[0] == "VALUE":
-			block = 3
-		case len(f) >= 2 && f[0] == "VA":
-			block = 1
-		default:
-			return out.String(), nil
-		}
-		n, err := strconv.Atoi(f[block])
-		if err != nil {
-			return out.String(), fmt.Errorf("bad line %q", line)
-		}
-		data := make([]byte, n+2)
-		if _, err := io.ReadFull(br, data); err != nil {
-			return out.String(), err
-		}
-		out.Write(data)
-		if f[0] == "VA" {
-			return out.String(), nil
-		}
-	}
 }
