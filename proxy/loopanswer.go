@@ -1,0 +1,472 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"hash/maphash"
+	"math/bits"
+	"slices"
+	"time"
+
+	"mcsidecar/codec"
+	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/upstream"
+)
+
+// loopSlot is one reply owed to a client: ready when no request of it is
+// pending upstream.
+type loopSlot struct {
+	client  *loopClient
+	id      int
+	noreply bool
+	began   time.Time
+	pending int
+	out     [][]byte // the reply, once ready
+	line    []byte   // a copy of a storage command's reply line
+	// A retrieval's keys, back to back in keys and ending at ends[i],
+	// where each one's answer is, and its requests, one per server. The
+	// rewrites of keys sent rewritten are back to back in ups.
+	keys   []byte
+	ends   []int
+	ups    []byte
+	arena  []byte // VALUE blocks written anew, see loopOwner
+	owners []loopOwner
+	reqs   []*loopReq
+	seen   []int32 // 1 + the owner of each key, by hash, in a retrieval of many
+	// zone is the zone a retrieval asks now, whose requests are
+	// reqs[zoneStart:].
+	zone, zoneStart int
+	// What a storage command's write adds to the byte counters once
+	// stored.
+	write loopWrite
+	// tag is the opaque token an incr or decr is sent upstream with, which
+	// its reply must echo (see wire.AppendArith).
+	tag uint32
+	// charge is what the slot is charged against its client's
+	// --max-client-output-bytes (see output.go).
+	charge int
+}
+
+// loopWrite is what a storage command's write adds to the byte counters
+// once stored: the bytes written, per tenant, and for an enveloped value,
+// the client's bytes and the stored ones.
+type loopWrite struct {
+	tenant    *tenantCounters
+	size      int
+	enveloped bool
+	logical   int
+}
+
+// loopSeed seeds the hashes of the keys a retrieval looks for repeats of.
+var loopSeed = maphash.MakeSeed()
+
+// named returns the owner of the first key equal to k among the n keys
+// of a retrieval whose first i are in s, or -1. A short retrieval scans
+// them; a long one keeps a table of them by hash.
+func (s *loopSlot) named(k []byte, i, n int) int {
+	if n > seenScanMax {
+		// Open addressing in a table of at least twice n entries.
+		if i == 0 {
+			size := 1 << bits.Len(uint(2*n-1))
+			s.seen = slices.Grow(s.seen[:0], size)[:size]
+			clear(s.seen)
+		}
+		mask := len(s.seen) - 1
+		for h := int(maphash.Bytes(loopSeed, k)) & mask; ; h = (h + 1) & mask {
+			j := int(s.seen[h]) - 1
+			if j < 0 {
+				s.seen[h] = int32(i + 1)
+				return -1
+			}
+			if bytes.Equal(s.key(j), k) {
+				return j
+			}
+		}
+	}
+	for j := range i {
+		if s.owners[j].first == 0 && bytes.Equal(s.key(j), k) {
+			return j
+		}
+	}
+	return -1
+}
+
+// key returns the slot's i-th key.
+func (s *loopSlot) key(i int) []byte {
+	start := 0
+	if i > 0 {
+		start = s.ends[i-1]
+	}
+	return s.keys[start:s.ends[i]]
+}
+
+// upKey returns the upstream key of the i-th key of a retrieval.
+func (s *loopSlot) upKey(i int) []byte {
+	if o := &s.owners[i]; o.bound {
+		return s.ups[o.upStart:o.upEnd]
+	}
+	return s.key(i)
+}
+
+// loopOwner is where one requested key's answer is: a VALUE block in its
+// request's reply, or nil for a miss.
+type loopOwner struct {
+	first  int // 1 + the owner of the same key named earlier; 0: none
+	block  []byte
+	flags  uint32
+	size   int
+	cas    uint64
+	hasCAS bool
+	tenant *tenantCounters
+	// bound: the key is sent rewritten, as ups[upStart:upEnd], and its
+	// value is an envelope bound to it.
+	bound          bool
+	upStart, upEnd int
+	// The block written anew (opened, its CAS dropped, or another zone's
+	// hit) is arena[arenaStart:arenaEnd]; arenaEnd is 0 for one that is
+	// not.
+	arenaStart, arenaEnd int
+	// zone is the zone the key was last asked of, and meta says its
+	// block is an mg reply, "VA …" and the value, with the item's time
+	// to live in ttl: as other zones are asked, and every zone with the
+	// local tier on.
+	zone int
+	meta bool
+	ttl  int32
+	err  error // the failure of the request that last asked for the key
+	// The local tier: immutable says the key's value never changes, so
+	// the tier may keep it, and gen is the count of its write stripe
+	// before it was last asked upstream, for the tier and a fill (see
+	// writeGuard); inTier, that the tier answered it, from the arena.
+	immutable, inTier bool
+	gen               uint64
+}
+
+// stored returns the value of o's block as memcached holds it.
+func (o *loopOwner) stored() []byte { return o.block[len(o.block)-o.size-2 : len(o.block)-2] }
+
+// answerJoined answers the requests that shared one get line (or the one
+// that had a line of its own) from its reply, whose VALUE lines are vals,
+// in chunk sh, which holds a reference for each of them: memcached
+// answers the keys of the line in order and skips misses, so each
+// request's VALUE blocks are the run of them that match finds for it, and
+// the next request's run begins where it stopped.
+//
+// When two of them name one key and memcached found it only the second
+// time (stored in between), the first takes the hit and the second has a
+// miss: either order is one the two concurrent requests could have run in.
+func (ls *loopState) answerJoined(group []*loopReq, sh *loopShare, reply []byte, vals []valueAt) {
+	start := 0
+	for _, r := range group {
+		n := r.slot.match(r, reply, vals)
+		end := start
+		if n > 0 {
+			end = vals[n-1].end()
+		}
+		r.share, r.buf = sh, reply[start:end:end]
+		start, vals = end, vals[n:]
+		r.slot.answered()
+	}
+}
+
+// done records the reply (or err) of one request. A retrieval's request
+// keeps reply, which its owners' blocks point into.
+func (r *loopReq) done(reply []byte, err error) {
+	s := r.slot
+	if r.store {
+		s.stored(r, reply, err)
+		return
+	}
+	switch {
+	case err != nil:
+		r.err = err
+		for _, i := range r.asked {
+			s.owners[i].err = err
+		}
+	default:
+		// A meta request's reply: a get's are matched to their
+		// requests by answerJoined.
+		r.buf = reply
+		s.matchMeta(r)
+	}
+	s.answered()
+}
+
+// answered ends one request of a retrieval, and answers the retrieval
+// once none is left.
+func (s *loopSlot) answered() {
+	if s.pending--; s.pending == 0 {
+		s.finish()
+	}
+}
+
+// release ends one thing the slot's made reply waits for (a request whose
+// reply is dropped, or the making of the reply itself), and writes the
+// replies that are ready once nothing is left.
+func (s *loopSlot) release() {
+	if s.pending--; s.pending == 0 {
+		s.client.written()
+	}
+}
+
+// finish answers a retrieval whose requests are all in, once no other zone
+// is left to ask for the keys not found, and fills the local zone with
+// what the others had.
+func (s *loopSlot) finish() {
+	for s.askNextZone() {
+		if s.pending > 0 {
+			return
+		}
+	}
+	// Until the reply is made: answer may queue the delete of a damaged
+	// item, which the reply waits for.
+	s.pending = 1
+	s.answer()
+	s.client.made(s)
+	// Only what the client got as a hit is filled: answer made a refused
+	// envelope a miss. The fill goes upstream in OnPollEnd, after the
+	// client's reply is written: it costs the client no time.
+	s.fill()
+	s.release()
+}
+
+// stored answers a command of one key with memcached's reply line, or
+// err. Sent to every zone, it is answered by the local zone's reply, or
+// when that failed, by the first zone's that answered.
+func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
+	p := s.client.c.p
+	st := p.stats
+	if err == nil && isServerError(reply) {
+		r.srv.CountServerError()
+	}
+	switch {
+	case p.zoneByZone(s.id):
+		var decided bool
+		if reply, decided, err = s.decide(r, reply, err); !decided {
+			return
+		}
+		if err == nil && p.cfg.ZoneWrites != zoneWritesLocal {
+			s.align(reply)
+		}
+	case len(p.zones) > 1:
+		// s.reqs fills as the command is sent: one request per zone, in
+		// order, once all are in.
+		r.err, r.buf = err, append(r.buf[:0], reply...)
+		if s.pending--; s.pending > 0 {
+			return
+		}
+		s.pending = 1 // until the reply is made: addHeld may queue deletes it waits for
+		answer := s.reqs[0]
+		for _, q := range s.reqs {
+			if q.err == nil {
+				answer = q
+				break
+			}
+		}
+		for z, q := range s.reqs {
+			if writeFailed(q.buf, q.err) {
+				p.zones[z].writeFailures.Add(1)
+			}
+		}
+		reply, err = answer.buf, answer.err
+		if s.id == cmdAdd && err == nil {
+			reply = s.addHeld(reply)
+		}
+	}
+	p.wroteOf(s.ups)
+	if err != nil {
+		line, oc := upstreamReply(err)
+		st.record(s.id, oc)
+		s.out = append(s.out, line)
+	} else {
+		oc := replyOutcome(reply)
+		st.record(s.id, oc)
+		if w := s.write; oc == outcomeStored {
+			if w.enveloped {
+				s.client.c.countStored(w.logical, w.size)
+			}
+			if w.tenant != nil {
+				w.tenant.written.Add(uint64(w.size))
+			}
+		}
+		s.line = append(s.line[:0], reply...)
+		s.out = append(s.out, s.line)
+	}
+	// The reply goes once the writes bringing other zones in line are
+	// answered too (see alignZone).
+	s.release()
+}
+
+// match points each asked key of r at its VALUE block in reply, whose
+// VALUE lines, from r's first on, are vals: memcached answers hits in the
+// order the keys were asked and skips misses. A reply that is not a
+// retrieval's (an error line) has none, and leaves every key a miss. It
+// returns how many of vals are r's: in a reply to a joined line, the
+// blocks of the requests after r follow.
+func (s *loopSlot) match(r *loopReq, reply []byte, vals []valueAt) int {
+	k := 0
+	for n := range vals {
+		v := &vals[n]
+		key := v.keyIn(reply)
+		for k < len(r.asked) && !bytes.Equal(s.upKey(r.asked[k]), key) {
+			k++
+		}
+		if k == len(r.asked) {
+			return n
+		}
+		o := &s.owners[r.asked[k]]
+		o.block, o.flags, o.size, o.cas, o.hasCAS = v.block(reply), v.flags, v.size, v.cas, v.hasCAS
+		k++
+	}
+	return len(vals)
+}
+
+// matchMeta points each asked key of r, a request of one mg per key, at
+// its reply: "VA …" and the value for a hit, EN for a miss, and an error
+// line for a key the server failed.
+func (s *loopSlot) matchMeta(r *loopReq) {
+	b := r.buf
+	for _, i := range r.asked {
+		o := &s.owners[i]
+		j := bytes.IndexByte(b, '\n')
+		line := b[:j+1]
+		if !bytes.HasPrefix(line, metaValue) {
+			if !bytes.Equal(line, metaMiss) {
+				o.err = fmt.Errorf("mg: memcached replied: %q", line)
+			}
+			b = b[j+1:]
+			continue
+		}
+		size, it, err := upstream.ParseMetaValue(line) // replyScan read it: no error
+		if err != nil {
+			o.err = err
+			return
+		}
+		end := j + 1 + size + 2
+		o.block, o.flags, o.size, o.cas, o.hasCAS, o.ttl, o.meta = b[:end:end], it.Flags, size, it.CAS, true, it.TTL, true
+		b = b[end:]
+	}
+}
+
+// answer builds a retrieval's reply once every request is in.
+func (s *loopSlot) answer() {
+	p := s.client.c.p
+	st := p.stats
+	oc := outcomeOK
+	for i := range s.owners {
+		o := &s.owners[i]
+		if o.first != 0 || o.err == nil {
+			continue
+		}
+		// A key whose last zone asked failed was not answered.
+		if p.cfg.RetrievalFailure == failureError {
+			line, _ := upstreamReply(o.err)
+			st.record(s.id, outcomeUpstreamError)
+			s.out = append(s.out, line)
+			return
+		}
+		oc = outcomeUpstreamError // the failed requests' keys are misses
+		break
+	}
+	// Blocks that are rewritten go into the slot's arena, which may move
+	// as it grows: they are pointed at once all are in.
+	for i := range s.owners {
+		o := &s.owners[i]
+		if o.first == 0 && o.block != nil && (o.meta || o.bound || p.codec != nil && p.codec.IsEnveloped(o.flags) || o.hasCAS && s.id == cmdGet) {
+			if !s.open(i, o) {
+				o.block = nil
+			}
+		}
+	}
+	var tally keyTally
+	for i := range s.owners {
+		o := &s.owners[i]
+		src := o // the owner whose block answers: the same key named earlier, or o
+		if o.first > 0 {
+			src = &s.owners[o.first-1]
+		}
+		block := src.block // o.block stays memcached's, which a fill stores
+		if src.arenaEnd > 0 {
+			block = s.arena[src.arenaStart:src.arenaEnd:src.arenaEnd]
+		}
+		hit := block != nil
+		if hit {
+			s.out = append(s.out, block)
+		}
+		tally.add(o.tenant, hit)
+	}
+	tally.flush(st)
+	st.record(s.id, oc)
+	s.out = append(s.out, replyEnd)
+}
+
+// open replaces an enveloped hit's block with the value it carries, and
+// reports whether it is still a hit: a refused envelope is a miss, and a
+// damaged one is deleted when --codec-delete-corrupt asks for it.
+func (s *loopSlot) open(i int, o *loopOwner) bool {
+	p := s.client.c.p
+	key := s.key(i)
+	stored := o.stored()
+	if o.bound && !p.codec.IsEnveloped(o.flags) {
+		// Under a rewritten key, a plain item is some client's own value
+		// at an equal key: a miss.
+		p.stats.keyUnbound.Add(1)
+		return false
+	}
+	if p.codec == nil || !p.codec.IsEnveloped(o.flags) {
+		// A plain value whose header names a CAS the client's get did
+		// not ask for, or an mg reply.
+		s.inArena(o, key, o.flags, stored, o.cas, s.id == cmdGets)
+		s.keep(i, o, key, o.flags, stored)
+		return true
+	}
+	ls := s.client.ls
+	v, flags, err := p.codec.AppendDecode(ls.dec[:0], key, o.bound, o.flags, stored)
+	if err != nil {
+		r := codec.ReasonOf(err)
+		p.stats.codecRefused[r&15].Add(1)
+		if r.Damaged() && p.cfg.Codec.DeleteCorrupt {
+			s.deleteCorrupt(o.zone, s.upKey(i))
+		}
+		return false
+	}
+	ls.dec = v
+	p.stats.codecReadLogical.Add(uint64(len(v)))
+	p.stats.codecReadStored.Add(uint64(len(stored)))
+	s.inArena(o, key, flags, v, o.cas, s.id == cmdGets)
+	s.keep(i, o, key, flags, v)
+	return true
+}
+
+// keep puts the i-th key's hit, asked with mg, into the local tier, when
+// the tier is on.
+func (s *loopSlot) keep(i int, o *loopOwner, key []byte, flags uint32, v []byte) {
+	p := s.client.c.p
+	if p.tier != nil && o.meta {
+		p.keep(key, string(s.upKey(i)), o.gen, o.immutable, s.began.UnixNano(), v, flags, o.ttl)
+	}
+}
+
+// inArena writes o's VALUE block anew into the slot's arena.
+func (s *loopSlot) inArena(o *loopOwner, key []byte, flags uint32, v []byte, cas uint64, withCAS bool) {
+	o.arenaStart = len(s.arena)
+	s.arena = appendValueHeader(s.arena, string(key), flags, len(v), cas, withCAS)
+	s.arena = append(s.arena, v...)
+	s.arena = append(s.arena, crlf...)
+	o.arenaEnd = len(s.arena)
+}
+
+// deleteCorrupt deletes a damaged item, at its upstream key, in the zone
+// it was found in. The retrieval's reply waits for the delete's, as on the
+// goroutine path, so that a client that saw the miss never finds the item
+// still there.
+func (s *loopSlot) deleteCorrupt(zone int, key []byte) {
+	lc := s.client
+	u := lc.ls.upstreamOf(lc.c.p.zones[zone].up.Load(), key)
+	if !u.queueDropped(s, dropCorrupt, zone, wire.ReplyDelete) {
+		return // its server is ejected
+	}
+	u.out = append(u.out, "delete "...)
+	u.out = append(u.out, key...)
+	u.out = append(u.out, crlf...)
+}

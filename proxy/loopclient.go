@@ -1,0 +1,442 @@
+package proxy
+
+import (
+	"bytes"
+	"io"
+	"syscall"
+	"time"
+
+	"mcsidecar/proxy/evloop"
+)
+
+// loopClient is one client connection on a loop.
+type loopClient struct {
+	c     *conn
+	gc    *evloop.Conn
+	ls    *loopState
+	slots []*loopSlot // replies owed, in request order
+	// handoff asks OnClose to hand the connection to the goroutine path;
+	// closing marks a close the loop asked for itself.
+	handoff, closing bool
+	hangUp           bool // the command handed over is an HTTP request
+	inProcess        bool // process is running: replies made meanwhile are written when it ends
+	inTraffic        bool // in the client's own OnTraffic, which closes it by its return
+	writing          bool // written is running
+	held             bool // replies or requests wait until evloop holds fewer bytes of replies (loopOutMax)
+	inHeld           bool // in loopState.held
+	unread           int  // bytes buffered that were already counted
+	last             time.Time
+	hand             *handover // replies owed to a connection handed over
+	iov              []syscall.Iovec
+	tls              *loopTLS // the connection's TLS server, with --tls-cert-path
+	kept             []byte   // a copy of at least the bytes evloop holds to write (see keep)
+	// What the client is owed (see output.go): the bytes its slots are
+	// charged, the bytes evloop held for it when last looked at, a key's
+	// share of its replies lately, at most, and the keys of the retrieval
+	// it is held back at (0: none).
+	charged, outSeen, perKey, need int
+	// want is how many bytes the first request buffered needs before it
+	// is parsed again: a storage command whose value is still arriving,
+	// or 0. evloop gathers a long value from many reads, and parsing it
+	// after each would copy all of it that came so far each time.
+	want int
+	// pend, over plain TCP, is instead the first request buffered when
+	// it is a storage command of at least loopPendMin bytes whose value
+	// is still arriving and half of which has come: the bytes come so
+	// far, with the request's length for capacity, in pendSh's chunk or,
+	// under a chunk's size, an array of their own. The rest is read
+	// straight into it (ReadInto), and the request handled from it once
+	// whole.
+	pend   []byte
+	pendSh *loopShare
+	// counted: the socket counts the bytes it was given (sockio.Written),
+	// so the connection can move while evloop holds some (TCP on Linux).
+	counted bool
+}
+
+// loopPendMin is the length from which a storage command (line, value and
+// CRLF) whose value has not all come in one read gathers in a buffer of its
+// own, which the rest is read straight into (loopClient.pend), rather than
+// in evloop's buffer, from which it would be copied twice more. It does once
+// half of it has come: memory follows what arrives, not what a request
+// says will (a buffer for a request of n bytes holds up to 2n).
+const loopPendMin = 64 << 10
+
+// loopMaxSlots is how many replies one client may owe before the loop
+// stops reading its requests until some are written.
+const loopMaxSlots = 256
+
+// loopUnreadMax is the most bytes of requests a client may have sent that
+// the loop is not answering yet because the client reads its replies too
+// slowly or is to be handed over, and loopPipelinedMax the most while it
+// owes loopMaxSlots replies and reads them. Past them, the connection
+// moves to the goroutine path, which reads no more requests than it
+// answers: evloop has no way to stop reading a socket. A client that
+// pipelines a bulk load and reads every reply stays on the loop up to the
+// second.
+const (
+	loopUnreadMax    = 16 * loopReadBuffer
+	loopPipelinedMax = 256 * loopReadBuffer
+)
+
+// traffic handles every request that has arrived whole.
+func (lc *loopClient) traffic() evloop.Action {
+	var readErr error
+	if lc.tls != nil {
+		readErr = lc.tls.read(lc.gc)
+		if lc.putSealed(); lc.gc == nil {
+			return evloop.None // the write of TLS's own answer failed
+		}
+	}
+	n := lc.buffered()
+	if n > lc.unread {
+		lc.c.p.stats.bytesRead.Add(uint64(n - lc.unread))
+	}
+	lc.inTraffic = true
+	lc.process()
+	lc.inTraffic = false
+	if lc.gc == nil {
+		return evloop.None // a write failed and closed the connection
+	}
+	lc.unread = lc.buffered()
+	switch {
+	case readErr == nil:
+	case readErr == io.EOF && (len(lc.slots) > 0 || lc.unread > 0 || lc.counted && lc.gc.OutboundBuffered() > 0):
+		// The client ended its TLS session after requests not all
+		// answered: as a plain client that half-closes, the connection
+		// moves to the goroutine path once the loop's replies are
+		// written, which answers the rest and then sees the end.
+		lc.handoff = true
+	default:
+		// Ended with nothing owed, or broken: closed at once.
+		lc.closing = true
+		return evloop.Close
+	}
+	if lc.piledUp() {
+		// evloop cannot stop reading a socket; the goroutine path reads no
+		// more than it answers, as memcached does: the client waits there.
+		lc.handoff = true
+		return evloop.Close
+	}
+	if lc.moveNow() || len(lc.slots) == 0 && lc.c.p.draining() && lc.gc.OutboundBuffered() == 0 && !lc.inBlock() {
+		return evloop.Close // what written leaves to this callback's return
+	}
+	return evloop.None
+}
+
+// piledUp reports whether the client sent more requests than the loop
+// lets wait (see loopUnreadMax).
+func (lc *loopClient) piledUp() bool {
+	switch {
+	case lc.unread > loopPipelinedMax:
+		return lc.movable()
+	case lc.unread > loopUnreadMax:
+		return (lc.held || lc.handoff) && lc.movable()
+	}
+	return false
+}
+
+// moveNow reports whether a connection the loop hands over moves now: no
+// reply is owed on the loop, and it is movable.
+func (lc *loopClient) moveNow() bool {
+	return lc.handoff && len(lc.slots) == 0 && lc.movable()
+}
+
+// movable reports whether the connection can move to the goroutine path
+// now: evloop holds none of its replies, or the socket counts what evloop
+// writes of them before it drops the rest (see unwritten).
+func (lc *loopClient) movable() bool {
+	return lc.counted || lc.gc.OutboundBuffered() == 0
+}
+
+// unhandled returns the bytes gc brought that are not handled yet: evloop's,
+// or with TLS (t) the decrypted ones.
+func unhandled(gc *evloop.Conn, t *loopTLS) []byte {
+	if t != nil {
+		return t.plain
+	}
+	b := gc.Peek()
+	return b
+}
+
+// handle drops the first n bytes of unhandled(gc, t).
+func handle(gc *evloop.Conn, t *loopTLS, n int) {
+	if t != nil {
+		t.took(n)
+	} else if n > 0 {
+		gc.Discard(n)
+	}
+}
+
+// inBlock reports whether the first request buffered is a storage
+// command whose value is still arriving (see want and pend). A shutdown
+// lets it come, as on the goroutine path.
+func (lc *loopClient) inBlock() bool { return lc.want > 0 || lc.pend != nil }
+
+// buffered is how many request bytes arrived and are not handled yet.
+func (lc *loopClient) buffered() int {
+	if lc.tls != nil {
+		return len(lc.tls.plain)
+	}
+	return len(lc.pend) + lc.gc.InboundBuffered()
+}
+
+// process answers the whole requests buffered, until it meets one it
+// hands over.
+func (lc *loopClient) process() {
+	if lc.handoff || lc.inProcess {
+		return
+	}
+	if lc.waits() {
+		lc.hold()
+		return
+	}
+	if lc.want > 0 {
+		if n := lc.buffered(); n < lc.want && !lc.pendable(lc.want, n) {
+			return
+		}
+		lc.want = 0
+	}
+	lc.inProcess = true
+	first := len(lc.slots) // the replies to this read
+	if lc.pend != nil && (len(lc.slots) >= loopMaxSlots || !lc.gather()) {
+		lc.inProcess = false
+		return
+	}
+	data := unhandled(lc.gc, lc.tls)
+	off := 0
+	for off < len(data) && len(lc.slots) < loopMaxSlots {
+		n, ok := lc.request(data[off:])
+		if !ok {
+			lc.handoff = true
+			if lc.hangUp {
+				// memcached hangs up on an HTTP request without sending
+				// the replies to the commands read with it.
+				for _, s := range lc.slots[first:] {
+					s.noreply = true
+				}
+			}
+			break
+		}
+		if n == 0 {
+			break // wants more bytes
+		}
+		off += n
+	}
+	if off > 0 {
+		handle(lc.gc, lc.tls, off)
+		if off > len(lc.pend) { // not only the start of a request
+			lc.last = lc.ls.now
+		}
+	}
+	lc.inProcess = false
+	if len(lc.slots) > 0 && lc.slots[0].pending == 0 {
+		lc.written() // replies made here: version, a request to an ejected server
+	}
+}
+
+// resumeHeld resumes the clients held back that evloop has written enough
+// of the replies of: a write of the poll that ended may have been theirs.
+// The rest wait for a later poll, or for the tick.
+func (ls *loopState) resumeHeld() {
+	held := ls.held
+	ls.held = ls.heldSpare[:0]
+	for _, lc := range held {
+		if _, open := ls.clients[lc]; !open || !lc.held {
+			lc.inHeld = false // closed, or resumed by the tick
+			continue
+		}
+		if lc.waits() {
+			ls.held = append(ls.held, lc)
+			continue
+		}
+		lc.inHeld = false
+		lc.resume()
+	}
+	clear(held)
+	ls.heldSpare = held[:0]
+}
+
+// hold holds the client's replies and requests back until evloop holds
+// fewer of its replies than loopOutMax, and the retrieval it is held back
+// at, if any, fits (see waits).
+func (lc *loopClient) hold() {
+	lc.held = true
+	if !lc.inHeld {
+		lc.inHeld = true
+		lc.ls.held = append(lc.ls.held, lc)
+	}
+}
+
+// resume writes the replies a client was held back from, and answers the
+// requests held back with them: once no reply is owed, or, for a client
+// held back for its output limit, as soon as there is room.
+func (lc *loopClient) resume() {
+	room := lc.need > 0
+	lc.held, lc.need = false, 0
+	if len(lc.slots) > 0 {
+		lc.written() // and, once none is owed, the requests held back with them
+		if !room || len(lc.slots) == 0 || lc.gc == nil || lc.held {
+			return
+		}
+	}
+	lc.processHeld()
+}
+
+// processHeld runs process outside traffic, for requests held back, and
+// keeps unread in step: the bytes it handled were counted as read when
+// they came, and those after them must be counted when more come. A
+// request among them that the loop hands over, with no reply owed before
+// it, moves the connection now, as traffic's return would.
+func (lc *loopClient) processHeld() {
+	lc.process()
+	if lc.gc == nil {
+		return
+	}
+	lc.unread = lc.buffered()
+	if !lc.inTraffic && lc.moveNow() {
+		lc.gc.Close()
+	}
+}
+
+// zoneHeld reports whether, with zones, request id waits for a request
+// of the client's in flight that may still reach another zone, where the
+// new one, sent at once, would come first (the goroutine path runs a
+// client's requests one after the other):
+//   - every request waits for a write tried zone by zone, or an add to
+//     every zone, whose reply comes once the zones are in line;
+//   - a write waits for a get or gets, which may yet ask another zone
+//     for a key the local one lacks.
+//
+// A request held is parsed again once the client's replies are written.
+func (lc *loopClient) zoneHeld(id int) bool {
+	p := lc.c.p
+	if len(p.zones) < 2 || len(lc.slots) == 0 {
+		return false
+	}
+	// Nothing is read after such a write while it is in flight: it is
+	// the last slot.
+	if s := lc.slots[len(lc.slots)-1]; s.pending > 0 && (p.zoneByZone(s.id) || s.id == cmdAdd) {
+		return true
+	}
+	if id == cmdGet || id == cmdGets || id == cmdVersion {
+		return false
+	}
+	for _, s := range lc.slots {
+		if s.pending > 0 && (s.id == cmdGet || s.id == cmdGets) {
+			return true
+		}
+	}
+	return false
+}
+
+// gather moves what evloop read to pend, without a copy when it was read
+// straight into place, and once pend holds the whole request, handles it.
+// It reports whether it did. A request that cannot be handled on the loop
+// stays in pend, which closed hands over with the bytes after it.
+func (lc *loopClient) gather() bool {
+	data := unhandled(lc.gc, nil)
+	n := min(len(data), cap(lc.pend)-len(lc.pend))
+	if n > 0 {
+		if tail := lc.pend[len(lc.pend) : len(lc.pend)+1]; &data[0] == &tail[0] {
+			lc.pend = lc.pend[:len(lc.pend)+n]
+			lc.c.p.stats.clientReadsInPlace.Add(1)
+		} else {
+			lc.pend = append(lc.pend, data[:n]...)
+		}
+		handle(lc.gc, nil, n)
+	}
+	if len(lc.pend) < cap(lc.pend) {
+		return false
+	}
+	if n, ok := lc.request(lc.pend); !ok || n != len(lc.pend) {
+		lc.handoff = true
+		return false
+	}
+	lc.dropPend()
+	lc.last = lc.ls.now
+	return true
+}
+
+// pendable reports whether a storage command of total bytes, got of
+// which have come, goes on in pend.
+func (lc *loopClient) pendable(total, got int) bool {
+	return lc.tls == nil && total >= loopPendMin && 2*got >= total
+}
+
+// dropPend gives back pend's chunk.
+func (lc *loopClient) dropPend() {
+	if lc.pendSh != nil {
+		lc.ls.release(lc.pendSh)
+	}
+	lc.pend, lc.pendSh = nil, nil
+}
+
+// request answers the request at the start of data, or leaves it: it
+// returns how many bytes it took (0: it needs more) and false for a
+// request the loop does not answer.
+func (lc *loopClient) request(data []byte) (int, bool) {
+	c := lc.c
+	i := bytes.IndexByte(data, '\n')
+	if i < 0 {
+		return 0, len(data) <= lineLimit
+	}
+	line := data[:i]
+	if len(line) == 0 || line[len(line)-1] != '\r' || bytes.IndexByte(line, 0) >= 0 {
+		return 0, false
+	}
+	cmd, words, v := parseLine(c.words, line[:len(line)-1])
+	c.words = words
+	if v != verdictRun {
+		lc.hangUp = v == verdictClose
+		return 0, false
+	}
+	if lc.zoneHeld(cmd.id) {
+		return 0, true // parsed again once the replies owed are written
+	}
+	switch cmd.id {
+	case cmdGet, cmdGets:
+		if lc.outputFull(len(words) - 1) {
+			return 0, true // parsed again once the client has read
+		}
+		return i + 1, lc.retrieve(cmd.id, words[1:])
+	case cmdSet, cmdAdd, cmdReplace, cmdAppend, cmdPrepend, cmdCas:
+		return lc.store(cmd.id, words, data, i+1)
+	case cmdDelete, cmdTouch, cmdIncr, cmdDecr:
+		return i + 1, lc.keyCommand(cmd.id, words)
+	case cmdVersion:
+		lc.version()
+		return i + 1, true
+	}
+	return 0, false
+}
+
+// version answers version, which some clients send when they connect, in
+// its place among the replies owed.
+func (lc *loopClient) version() {
+	p := lc.c.p
+	s := lc.ls.slot(lc, cmdVersion)
+	s.line = append(append(append(s.line[:0], "VERSION "...), p.version...), crlf...)
+	s.out = append(s.out, s.line)
+	lc.slots = append(lc.slots, s)
+	p.stats.record(cmdVersion, outcomeOK)
+}
+
+// validKey reports whether the loop may take key: one memcached accepts,
+// and, without key settings, one gomemcache would send. Nothing is
+// counted: a key it declines is refused, and counted, by the goroutine
+// path.
+func (lc *loopClient) validKey(key []byte) bool {
+	ks := lc.c.p.keys
+	if ks == nil {
+		return len(key) <= keyMaxLength && forwardable(key)
+	}
+	ok, _ := ks.Check(key)
+	return ok
+}
+
+// rewritten reports whether a valid key is sent upstream rewritten.
+func (lc *loopClient) rewritten(key []byte) bool {
+	ks := lc.c.p.keys
+	return ks != nil && ks.NeedsRewrite(key)
+}

@@ -1,0 +1,221 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestEventLoopHalfCloseGetsEveryReply pipelines 2,000 gets of a 16 KiB
+// value and does not read until evloop holds replies the socket did not
+// take, then ends its side of the connection and reads everything. evloop
+// drops what it holds when it closes its descriptor: the goroutine that
+// goes on with the connection must write those bytes first, except what
+// evloop's last write took, and then every other reply, in order and whole.
+func TestEventLoopHalfCloseGetsEveryReply(t *testing.T) {
+	needsWrittenCount(t)
+	p, addr := startProxy(t, loopConfig(startMemcached(t)))
+	want := setBig(t, addr, 16<<10)
+	const gets = 2000
+	c := dialSmallWindow(t, addr)
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.WriteString(c, strings.Repeat("get big\r\n", gets)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	c.(*net.TCPConn).CloseWrite()
+	time.Sleep(100 * time.Millisecond)
+	got, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != gets*len(want) {
+		t.Errorf("read %d bytes, want %d replies of %d", len(got), gets, len(want))
+	}
+	for i := 0; len(got) > 0; i++ {
+		n := min(len(got), len(want))
+		if string(got[:n]) != want[:n] {
+			t.Fatalf("reply %d is not the value's: %.60q", i, got[:n])
+		}
+		got = got[n:]
+	}
+	if n := loopHandovers(p); n != 1 {
+		t.Errorf("%d connections handed over, want the half-closed one", n)
+	}
+}
+
+// TestEventLoopStopsTakingRequestsOfAClientThatReadsNone sends gets of a
+// 16 KiB value for 3 s as fast as the proxy takes them, without reading,
+// and without --idle-timeout: the requests the loop cannot answer yet must
+// not pile up without end (evloop cannot stop reading a socket, the
+// goroutine path can), and the client must then get its replies, whole
+// and in order.
+func TestEventLoopStopsTakingRequestsOfAClientThatReadsNone(t *testing.T) {
+	needsWrittenCount(t)
+	p, addr := startProxy(t, loopConfig(startMemcached(t)))
+	want := setBig(t, addr, 16<<10)
+	c := dialSmallWindow(t, addr)
+	sent := sendGetsUnread(t, c, func() bool { return false })
+	t.Logf("the client sent %d MiB of gets", sent>>20)
+	// The loop's limit and a read, and what the sockets' buffers may hold
+	// here (tcp_wmem's 4 MiB, tcp_rmem's 32 MiB at most); measured: 4 to
+	// 11 MiB. Without the limit the loop takes all: 300 MiB.
+	if limit := 48 << 20; sent > limit {
+		t.Errorf("the proxy took %d MiB of requests from a client that reads no replies, want at most %d", sent>>20, limit>>20)
+	}
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	got := make([]byte, len(want))
+	for i := range 200 {
+		if _, err := io.ReadFull(c, got); err != nil || string(got) != want {
+			t.Fatalf("reply %d: %.60q (%v)", i, got, err)
+		}
+	}
+	if n := loopHandovers(p); n != 1 {
+		t.Errorf("%d connections handed over, want the client's", n)
+	}
+}
+
+// TestEventLoopHalfCloseAfterEveryReplyMade sends gets one at a time,
+// reading nothing, until the loop owes no reply and evloop holds more than
+// 32 KiB of them, then ends its side: with nothing owed and nothing
+// unread, the connection still moves, for the bytes evloop holds.
+func TestEventLoopHalfCloseAfterEveryReplyMade(t *testing.T) {
+	needsWrittenCount(t)
+	p, addr := startProxy(t, loopConfig(startMemcached(t)))
+	want := setBig(t, addr, 16<<10)
+	c := dialSmallWindow(t, addr)
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	gets := 0
+	for {
+		if gets == 1000 {
+			t.Fatal("evloop never held 32 KiB with no reply owed")
+		}
+		if _, err := io.WriteString(c, "get big\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		gets++
+		time.Sleep(2 * time.Millisecond)
+		if onLoop(t, p, func(lc *loopClient) bool { return len(lc.slots) == 0 && lc.gc.OutboundBuffered() > 32<<10 }) {
+			break
+		}
+	}
+	c.(*net.TCPConn).CloseWrite()
+	time.Sleep(100 * time.Millisecond)
+	got, err := io.ReadAll(c)
+	if err != nil || len(got) != gets*len(want) || string(got) != strings.Repeat(want, gets) {
+		t.Errorf("read %d bytes (%v), want %d replies of %d", len(got), err, gets, len(want))
+	}
+}
+
+// TestEventLoopBulkPipelinerStaysOnTheLoop writes 20,000 sets of 1,000
+// bytes (20 MB) at once and reads every reply as it comes: more than
+// loopUnreadMax waits while the loop owes 256 replies, but the client
+// reads them, so it stays on the loop; and every byte it sent counts once
+// in bytes_read.
+func TestEventLoopBulkPipelinerStaysOnTheLoop(t *testing.T) {
+	p, addr := startProxy(t, loopConfig(startMemcached(t)))
+	c := dial(t, addr)
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	const n = 20000
+	value := strings.Repeat("v", 1000)
+	var b strings.Builder
+	for i := range n {
+		b.WriteString("set k" + itoa(i) + " 0 0 1000\r\n" + value + "\r\n")
+	}
+	read := make(chan error, 1)
+	go func() {
+		want := strings.Repeat("STORED\r\n", n)
+		got := make([]byte, len(want))
+		_, err := io.ReadFull(c, got)
+		if err == nil && string(got) != want {
+			err = errors.New("not every reply is STORED")
+		}
+		read <- err
+	}()
+	if _, err := io.WriteString(c, b.String()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-read; err != nil {
+		t.Fatal(err)
+	}
+	if h := loopHandovers(p); h != 0 {
+		t.Errorf("%d handovers of a client that reads every reply", h)
+	}
+	// Requests held back while replies were owed are handled after
+	// those are written, outside a read: each byte counts once all the
+	// same.
+	if got := p.stats.bytesRead.Load(); got != uint64(b.Len()) {
+		t.Errorf("bytes read: %d, the client sent %d", got, b.Len())
+	}
+}
+
+// TestShutdownEndsHandoversOfClientsThatReadNothing lets Shutdown's grace
+// run out on clients that read nothing, each moved from the loop while
+// evloop held replies: at a command the loop does not answer, with replies
+// still owed; after sending more than the loop lets wait; at a
+// half-close. Every connection must be gone soon after, none left waiting
+// in a handover for a loop that stopped or for a client that does not
+// read.
+func TestShutdownEndsHandoversOfClientsThatReadNothing(t *testing.T) {
+	needsWrittenCount(t)
+	cases := map[string]func(t *testing.T, p *Proxy, c net.Conn){
+		"meta command": func(t *testing.T, p *Proxy, c net.Conn) {
+			io.WriteString(c, strings.Repeat("get big\r\n", 250)+"mn\r\n")
+			waitOnLoop(t, p, func(lc *loopClient) bool {
+				return lc.handoff && len(lc.slots) > 0 && lc.gc.OutboundBuffered() > 0
+			})
+		},
+		"requests piled up": func(t *testing.T, p *Proxy, c net.Conn) {
+			sendGetsUnread(t, c, func() bool { return loopHandovers(p) > 0 })
+			if n := loopHandovers(p); n != 1 {
+				t.Fatalf("%d handovers", n)
+			}
+		},
+		"half-close": func(t *testing.T, p *Proxy, c net.Conn) {
+			io.WriteString(c, strings.Repeat("get big\r\n", 2000))
+			time.Sleep(200 * time.Millisecond)
+			c.(*net.TCPConn).CloseWrite()
+			time.Sleep(200 * time.Millisecond)
+		},
+	}
+	for name, handOver := range cases {
+		t.Run(name, func(t *testing.T) {
+			p, addr, _ := serveProxy(t, loopConfig(startMemcached(t)))
+			setBig(t, addr, 16<<10)
+			c := dialSmallWindow(t, addr)
+			handOver(t, p, c)
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			p.Shutdown(ctx)
+			if !waitFor(3*time.Second, func() bool { return p.stats.currConns.Load() == 0 }) {
+				t.Errorf("%d connections left 3 s after the grace", p.stats.currConns.Load())
+			}
+		})
+	}
+}
+
+// sendGetsUnread writes gets of "big" to c as fast as it takes them, 63
+// KiB at a time, for 3 s or until done reports true, and returns how many
+// bytes it wrote.
+func sendGetsUnread(t *testing.T, c net.Conn, done func() bool) int {
+	t.Helper()
+	chunk := []byte(strings.Repeat("get big\r\n", 7000))
+	sent := 0
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end) && !done(); {
+		c.SetWriteDeadline(end)
+		n, err := c.Write(chunk)
+		sent += n
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return sent
+}

@@ -1,0 +1,110 @@
+package proxy
+
+import (
+	"maps"
+	"net"
+	"runtime"
+	"syscall"
+	"testing"
+	"time"
+
+	"mcsidecar/proxy/evloop"
+)
+
+// loopConfig is testConfig served on one event loop.
+func loopConfig(upstreams ...string) Config {
+	cfg := testConfig(upstreams...)
+	cfg.EventLoops = 1
+	return cfg
+}
+
+// loopHandovers is how many connections p's event loops handed to the
+// goroutine path.
+func loopHandovers(p *Proxy) uint64 { return p.stats.connsHandedOver.Load() }
+
+// dialSmallWindow connects with a 4 KiB receive buffer, so that the
+// proxy's socket takes little of a long reply at once.
+func dialSmallWindow(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var err error
+		if cerr := rc.Control(func(fd uintptr) {
+			err = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+		}); cerr != nil {
+			return cerr
+		}
+		return err
+	}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// needsWrittenCount skips a test of a connection that moves while evloop
+// holds its replies: only Linux counts the bytes a socket was given.
+func needsWrittenCount(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("only Linux counts the bytes a socket was given")
+	}
+}
+
+// onLoop reports whether f holds for a client of p's loop (the test
+// proxies have one), asked on the loop.
+func onLoop(t *testing.T, p *Proxy, f func(lc *loopClient) bool) bool {
+	t.Helper()
+	res := make(chan bool, 1)
+	for el, ls := range eventLoopsOf(p) {
+		err := el.Execute(func() {
+			ok := false
+			for lc := range ls.clients {
+				ok = ok || f(lc)
+			}
+			res <- ok
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case ok := <-res:
+		return ok
+	case <-time.After(5 * time.Second):
+		t.Fatal("the loop did not answer")
+		return false
+	}
+}
+
+// waitOnLoop waits up to 5 s for f to hold for a client of p's loop.
+func waitOnLoop(t *testing.T, p *Proxy, f func(lc *loopClient) bool) {
+	t.Helper()
+	if !waitFor(5*time.Second, func() bool { return onLoop(t, p, f) }) {
+		t.Fatal("no client of the loop came to the state the test waits for")
+	}
+}
+
+// eventLoopsOf returns p's event loops with their states.
+func eventLoopsOf(p *Proxy) map[*evloop.Loop]*loopState {
+	p.mu.Lock()
+	l := p.loops
+	p.mu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.loops)
+}
+
+// stallLoop makes p's event loop (the test proxies have one) sleep for d,
+// and returns once it has begun to.
+func stallLoop(t *testing.T, p *Proxy, d time.Duration) {
+	t.Helper()
+	for el := range eventLoopsOf(p) {
+		began := make(chan struct{})
+		el.Execute(func() {
+			close(began)
+			time.Sleep(d)
+		})
+		<-began
+	}
+}

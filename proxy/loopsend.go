@@ -1,0 +1,307 @@
+package proxy
+
+import (
+	"bytes"
+	"slices"
+	"strconv"
+
+	"mcsidecar/proxy/internal/wire"
+)
+
+// retrieve sends a get or gets to the servers of its keys, one request
+// per server.
+func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
+	c := lc.c
+	for _, k := range keys {
+		if !lc.validKey(k) {
+			return false
+		}
+	}
+	p := c.p
+	up := p.zones[0].up.Load()
+	ls := lc.ls
+	s := ls.slot(lc, id)
+	lc.charge(s, lc.estimate(len(keys)))
+	need := needTenant
+	if p.tier != nil {
+		need |= needImmutable
+	}
+	var ups [4]*loopUpstream // each request's server; more than four are rare
+	reqUps := ups[:0]
+	for i, k := range keys {
+		// A key named again is fetched once and answered as often as it
+		// was named, as memcached does.
+		first := s.named(k, i, len(keys))
+		s.keys = append(s.keys, k...)
+		s.ends = append(s.ends, len(s.keys))
+		rk := c.resolve(k, need)
+		o := loopOwner{first: first + 1, tenant: p.tenants.counters(rk.tenant), bound: rk.bound, immutable: rk.immutable}
+		if rk.bound {
+			o.upStart = len(s.ups)
+			s.ups = append(s.ups, rk.up...)
+			o.upEnd = len(s.ups)
+		}
+		if rk.immutable {
+			// get answers from the tier; gets needs memcached's CAS. A key
+			// named again is answered as the first time, but looked up
+			// again, so that the tier counts every naming, as memcached's
+			// get_hits do.
+			e, gen := p.fromTier(k, string(rk.up), id == cmdGet, s.began.UnixNano())
+			if first < 0 {
+				o.gen = gen
+				if e != nil {
+					o.inTier = true
+					s.inArena(&o, k, e.Flags, e.Value, 0, false)
+				}
+			}
+		}
+		s.owners = append(s.owners, o)
+		if first >= 0 || o.inTier {
+			continue
+		}
+		reqUps = s.group(reqUps, 0, ls.upstreamOf(up, rk.up), i)
+	}
+	lc.slots = append(lc.slots, s)
+	c.lastCmd.Store(s.began.UnixNano())
+	// With the local tier on, keys are asked with mg, which tells the time
+	// to live an entry needs. The requests go out in OnPollEnd.
+	s.send(reqUps, 0, p.tier != nil)
+	if s.pending == 0 {
+		s.finish() // every key answered by the tier, or failed
+	}
+	return true
+}
+
+// group adds the retrieval's i-th key to its request to u among those
+// from reqs[start:], one per server of reqUps, made when first needed,
+// and returns reqUps.
+func (s *loopSlot) group(reqUps []*loopUpstream, start int, u *loopUpstream, i int) []*loopUpstream {
+	ri := slices.Index(reqUps, u)
+	if ri < 0 {
+		ri = len(reqUps)
+		reqUps = append(reqUps, u)
+		s.reqs = append(s.reqs, s.client.ls.req(s))
+	}
+	r := s.reqs[start+ri]
+	r.asked = append(r.asked, i)
+	return reqUps
+}
+
+// send queues the retrieval's requests from reqs[start:], one to each
+// server of reqUps, as mg lines when meta says so; they are written in
+// OnPollEnd. The retrieval waits for them all; it is one request more
+// until all are queued, so that those that fail at once (an ejected
+// server) do not finish it before.
+func (s *loopSlot) send(reqUps []*loopUpstream, start int, meta bool) {
+	s.pending = len(reqUps) + 1
+	for ri, u := range reqUps {
+		r := s.reqs[start+ri]
+		r.meta = meta
+		s.ask(u, r)
+	}
+	s.pending--
+}
+
+// ask sends a request of the retrieval to u's server: one get or gets
+// line, or its keys on the end of the line before it (see joinable), or
+// one mg per key.
+func (s *loopSlot) ask(u *loopUpstream, r *loopReq) {
+	if !u.admit(r) {
+		return
+	}
+	joined := false
+	if r.meta {
+		for _, i := range r.asked {
+			u.out = append(u.out, "mg "...)
+			u.out = append(u.out, s.upKey(i)...)
+			u.out = append(u.out, " v f t c\r\n"...)
+		}
+	} else {
+		head := u.joinable(s.id, len(r.asked))
+		if joined = head != nil; joined {
+			// The keys go on the end of head's line.
+			u.out = u.out[:len(u.out)-len(crlf)]
+			head.joined++
+		} else {
+			verb := "get"
+			if s.id == cmdGets {
+				verb = "gets"
+			}
+			u.out = append(u.out, verb...)
+			head, u.joinKeys = r, 0
+		}
+		for _, i := range r.asked {
+			u.out = append(u.out, ' ')
+			u.out = append(u.out, s.upKey(i)...)
+		}
+		u.out = append(u.out, crlf...)
+		u.join, u.joinEnd = head, len(u.out)
+		if u.joinKeys += len(r.asked); u.joinKeys > loopJoinKeys && head == r {
+			u.join = nil // too long to be joined
+		}
+	}
+	u.q.push(r)
+	if s.zone == 0 {
+		// Counted as the goroutine path counts: its reads of other
+		// zones are not.
+		u.srv.CountGet(len(r.asked), joined)
+	}
+}
+
+// store sends a storage command, its value enveloped when the codec or a
+// rewritten key asks for it. An append or prepend to an enveloped value
+// is a read-modify-write, left to the goroutine path, and so is a value
+// over the size limits, which is refused there.
+func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (int, bool) {
+	c := lc.c
+	a := parseStoreArgs(words, id == cmdCas)
+	if !a.argsOK || !lc.validKey(a.key) {
+		return 0, false
+	}
+	join := id == cmdAppend || id == cmdPrepend
+	envFlags := a.flags
+	if join {
+		envFlags = 0 // memcached ignores the flags of append and prepend
+	}
+	// A value under a rewritten key is always enveloped, bound to the
+	// client key: another key may meet it upstream.
+	enveloped := c.envelopes(a.key, envFlags) || lc.rewritten(a.key)
+	limit := int(c.p.cfg.MaxItemSize)
+	if enveloped {
+		limit = c.p.cfg.maxValueSize()
+	}
+	if enveloped && join || a.vlen > limit {
+		return 0, false
+	}
+	total := lineLen + a.vlen + 2
+	if len(data) < total {
+		if lc.pendable(total, len(data)) {
+			// All of data is the request's: it goes to a buffer of its
+			// own, and the rest of it is read there.
+			var buf []byte
+			if total >= loopChunk {
+				lc.pendSh = lc.ls.chunk(total)
+				buf = lc.pendSh.buf
+			} else {
+				buf = make([]byte, 0, total)
+			}
+			lc.pend = append(buf[:0:total], data...)
+			return len(data), true
+		}
+		lc.want = total // from where this request begins, the first once process hands what came before
+		return 0, true
+	}
+	if !bytes.HasSuffix(data[:total], crlf) {
+		return 0, false
+	}
+	// Not counted yet: the request may still be handed over.
+	rk := c.lookup(a.key, needTenant|postingsIf(enveloped))
+	value, flags := data[lineLen:lineLen+a.vlen], a.flags
+	if enveloped {
+		value, flags = c.encodeFor(a.key, rk.bound, rk.postings, a.flags, value)
+		if len(value) > int(c.p.cfg.MaxItemSize) {
+			return 0, false
+		}
+	}
+	c.countRewrite(rk)
+	c.p.stats.cmdSet.Add(1)
+	tenant := c.p.tenants.counters(rk.tenant)
+	if tenant != nil {
+		tenant.requests.Add(1)
+	}
+	w := loopWrite{tenant: tenant, size: len(value), enveloped: enveloped, logical: a.vlen}
+	lc.command(id, rk.up, a.noreply, w, func(out []byte, _ uint32) []byte {
+		out = appendStorage(out, storageVerbs[id], string(rk.up), flags, a.exptime, len(value), a.cas, id == cmdCas)
+		out = append(out, value...)
+		return append(out, crlf...)
+	})
+	return total, true
+}
+
+// keyVerbs names the commands of one key and no data sent upstream as they
+// are; incr and decr go as meta arithmetic (wire.AppendArith).
+var keyVerbs = [numCommands]string{cmdDelete: "delete ", cmdTouch: "touch "}
+
+// keyCommand sends a delete, touch, incr or decr, in the forms memcached
+// takes; any other is left to the goroutine path, which answers it as
+// memcached does.
+func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
+	key := w[1]
+	noreply := bytes.Equal(w[len(w)-1], noreplyWord)
+	var arg []byte
+	var delta uint64
+	switch id {
+	case cmdDelete:
+		holdZero := len(w) > 2 && bytes.Equal(w[2], []byte("0"))
+		if !(len(w) == 2 || len(w) == 3 && (holdZero || noreply) || len(w) == 4 && holdZero && noreply) {
+			return false
+		}
+	case cmdTouch:
+		exptime, ok := wire.ParseInt32(w[2])
+		if !ok || len(w) == 4 && !noreply {
+			return false
+		}
+		arg = strconv.AppendInt(lc.c.scratch[:0], int64(exptime), 10)
+		lc.c.scratch = arg
+	case cmdIncr, cmdDecr:
+		// The number of an enveloped value is changed by a
+		// read-modify-write, on the goroutine path.
+		var ok bool
+		if delta, ok = wire.ParseUint64(w[2]); !ok || lc.c.envelopes(key, 0) || lc.rewritten(key) {
+			return false
+		}
+	}
+	if !lc.validKey(key) {
+		return false
+	}
+	up := lc.c.resolve(key, 0).up
+	lc.command(id, up, noreply, loopWrite{}, func(out []byte, tag uint32) []byte {
+		if id == cmdIncr || id == cmdDecr {
+			return wire.AppendArith(out, id == cmdIncr, up, delta, tag)
+		}
+		return appendKeyCommand(out, keyVerbs[id], string(up), arg)
+	})
+	return true
+}
+
+// command sends a command of one key whose reply is one line, which build
+// appends, to key's server: with zones, in every zone at once, or zone
+// after zone (see zoneByZone). A request to an ejected server fails at
+// once. A storage command gives what its write counts.
+func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite, build func(out []byte, tag uint32) []byte) {
+	p := lc.c.p
+	s := lc.ls.slot(lc, id)
+	s.noreply, s.write = noreply, w
+	s.ups = append(s.ups[:0], key...)
+	lc.slots = append(lc.slots, s)
+	lc.c.lastCmd.Store(s.began.UnixNano())
+	// The write is marked, and the key's tier entry dropped, before it
+	// goes upstream and again once it is answered (see writeGuard).
+	p.writingOf(key)
+	if p.zoneByZone(id) {
+		// The request is kept, in the slot's arena, for the next zone.
+		s.pending = 1
+		s.arena = build(s.arena[:0], s.tag)
+		s.tryZone(0)
+		return
+	}
+	s.pending = len(p.zones)
+	var req []byte // the request, as built for the first zone that takes it
+	for _, z := range p.zones {
+		u := lc.ls.upstreamOf(z.up.Load(), key)
+		r := lc.ls.req(s)
+		r.store, r.srv, r.expect = true, u.srv, cmdReplies[id]
+		s.reqs = append(s.reqs, r)
+		if !u.admit(r) {
+			continue
+		}
+		if req == nil {
+			start := len(u.out)
+			u.out = build(u.out, s.tag)
+			req = u.out[start:]
+		} else {
+			u.out = append(u.out, req...) // another server's buffer
+		}
+		u.q.push(r)
+	}
+}

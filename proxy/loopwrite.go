@@ -1,0 +1,261 @@
+package proxy
+
+import (
+	"math"
+	"slices"
+	"unsafe"
+
+	"mcsidecar/proxy/internal/sockio"
+)
+
+// written writes the client's replies that are ready, in order, and hands
+// the connection over once nothing is owed when that was asked.
+func (lc *loopClient) written() {
+	if lc.inProcess || lc.writing {
+		// process writes what is ready when it ends; a write that
+		// closes the connection calls back in here through closed(),
+		// and the loop below goes on with the connection closed.
+		return
+	}
+	st := lc.c.p.stats
+	n := 0
+	lc.writing = true
+	for n < len(lc.slots) && lc.slots[n].pending == 0 {
+		s := lc.slots[n]
+		if !s.noreply && lc.full() {
+			lc.hold()
+			for _, s := range lc.slots[n:] {
+				if s.pending == 0 {
+					lc.ls.detach(s, s.out)
+				}
+			}
+			break
+		}
+		st.latency[s.id].Observe(lc.ls.now.Sub(s.began).Seconds())
+		rest := s.out
+		if !s.noreply && lc.gc != nil && !lc.ls.l.abandon.Load() {
+			rest = lc.send(s.out)
+		}
+		lc.charge(s, 0) // given to the socket, to evloop, or to the goroutine path
+		if lc.hand != nil && !s.noreply && len(rest) > 0 {
+			rest = slices.Clone(rest)
+			lc.ls.detach(s, rest)
+			lc.hand.replies <- rest // the goroutine writes it; its buffers go with it
+		} else {
+			lc.ls.putSlot(s)
+		}
+		lc.slots[n] = nil
+		n++
+	}
+	lc.writing = false
+	lc.noteOut()
+	if n == 0 {
+		return
+	}
+	lc.slots = append(lc.slots[:0], lc.slots[n:]...)
+	lc.last = lc.ls.now
+	if len(lc.slots) > 0 {
+		return
+	}
+	if lc.hand != nil {
+		close(lc.hand.replies)
+		lc.hand = nil
+		return
+	}
+	if lc.gc == nil {
+		return
+	}
+	if lc.handoff || (lc.c.p.draining() && lc.buffered() == 0) {
+		// A connection is not closed inside its own OnTraffic:
+		// traffic closes it by its return. A draining proxy answers the
+		// requests it has read first.
+		if !lc.inTraffic && (lc.handoff && lc.movable() || lc.gc.OutboundBuffered() == 0) {
+			lc.gc.Close()
+		}
+		return
+	}
+	if lc.buffered() > 0 {
+		lc.processHeld() // requests held back while too many replies were owed
+	}
+}
+
+// loopOutMax is the most bytes of a client's replies evloop holds, written
+// once the socket has room. A client that reads its replies slower than
+// that makes the loop hold its next replies where they are and answer no
+// more of its requests, until evloop holds less again (checked at the end
+// of each poll of its loop, and every loopTick); so a client that sends
+// gets and reads no replies costs the proxy what it sent, up to
+// loopUnreadMax, not the replies.
+const loopOutMax = loopCopyMax
+
+// full reports whether evloop holds so much of the client's replies that
+// the next must wait.
+func (lc *loopClient) full() bool {
+	return lc.gc != nil && lc.gc.OutboundBuffered() > loopOutMax
+}
+
+// loopCopyMax is the most bytes of a reply the loop copies into evloop's
+// buffer when the client's socket does not take it all at once. A longer
+// rest goes to the goroutine path with the connection, which writes it
+// from the buffers it is in.
+const loopCopyMax = 256 << 10
+
+// send writes a reply: straight to the socket when nothing waits before
+// it, and what the socket does not take into evloop's buffer, which writes
+// it once the socket has room. It returns nil, or the rest of a reply too
+// long to copy, for which it has begun to hand the connection over.
+func (lc *loopClient) send(out [][]byte) [][]byte {
+	if lc.tls != nil {
+		lc.sendTLS(out)
+		return nil
+	}
+	n, rest, ok := lc.put(out, loopCopyMax)
+	lc.c.p.stats.bytesWritten.Add(uint64(n))
+	if !ok || len(rest) == 0 {
+		return nil
+	}
+	lc.handoff = true
+	lc.gc.Close() // closed() starts the handover
+	return rest
+}
+
+// sendTLS writes a reply over TLS: encrypted whole, so that its pieces do
+// not each make a record, and put as send puts a plain one, except that
+// evloop takes whatever the socket does not, however long (the goroutine
+// path could not go on with a TLS session whose record was half written).
+func (lc *loopClient) sendTLS(out [][]byte) {
+	t := lc.tls
+	plain := lc.ls.sealBuf[:0]
+	for _, b := range out {
+		plain = append(plain, b...)
+	}
+	lc.ls.sealBuf = plain[:0]
+	if cap(plain) > tlsKeepMax {
+		lc.ls.sealBuf = nil
+	}
+	if _, err := t.conn.Write(plain); err != nil {
+		lc.closing = true
+		lc.gc.Close()
+		return
+	}
+	lc.c.p.stats.bytesWritten.Add(uint64(len(plain)))
+	lc.putSealed()
+}
+
+// putSealed writes the records TLS wrote to the bridge, as put writes a
+// reply, except that evloop takes whatever the socket does not.
+func (lc *loopClient) putSealed() {
+	t := lc.tls
+	sealed := t.b.out
+	if len(sealed) == 0 {
+		return
+	}
+	t.b.out = sealed[:0]
+	if cap(sealed) > tlsKeepMax {
+		t.b.out = nil
+	}
+	lc.put([][]byte{sealed}, math.MaxInt)
+}
+
+// put writes bufs straight to the socket when evloop holds none of the
+// client's bytes, and gives evloop the rest the socket does not take, up to
+// copyMax bytes; when evloop holds some, it gives evloop all. It returns how
+// many bytes it wrote or gave evloop and the rest it did not, or ok false
+// when the write failed, which closes the connection.
+func (lc *loopClient) put(bufs [][]byte, copyMax int) (n int, rest [][]byte, ok bool) {
+	gc := lc.gc
+	if gc.OutboundBuffered() > 0 {
+		if lc.counted && bufsLen(bufs) > copyMax {
+			return 0, bufs, true
+		}
+		n, _ = gc.Writev(bufs)
+		lc.keep(bufs)
+		return n, nil, true
+	}
+	rest, n, iov, err := sockio.WriteSome(gc.Fd(), bufs, lc.iov)
+	lc.iov = iov
+	if err != nil {
+		lc.closing = true
+		gc.Close()
+		return n, nil, false
+	}
+	left := bufsLen(rest)
+	if left > copyMax {
+		return n, rest, true
+	}
+	if left > 0 {
+		gc.Writev(rest)
+		lc.keep(rest)
+	}
+	return n + left, nil, true
+}
+
+// detach copies the upstream replies of slot s out of the chunks they
+// were read into, points the pieces of out (s's reply, or what is left of
+// it) into the copies, and lets go of the chunks: a client that the loop
+// holds back (see full), or whose connection moves to a goroutine, keeps
+// its replies' bytes, not the chunks they share with everyone else's.
+// Each upstream reply is copied once, so a value that the reply names
+// many times (a key repeated in one get) is still held once; and a reply
+// that has a chunk to itself, at least half full, is not copied at all:
+// the slot keeps the chunk, which nothing else reads into.
+func (ls *loopState) detach(s *loopSlot, out [][]byte) {
+	for _, r := range s.reqs {
+		if r.share == nil || r.share.refs == 1 && 2*len(r.buf) >= cap(r.share.buf) {
+			continue
+		}
+		b := slices.Clone(r.buf)
+		for i, piece := range out {
+			if off, ok := within(piece, r.buf); ok {
+				out[i] = b[off : off+len(piece) : off+len(piece)]
+			}
+		}
+		ls.release(r.share)
+		r.share, r.buf = nil, b
+	}
+}
+
+// within reports whether piece lies inside buf, and where it begins there.
+func within(piece, buf []byte) (int, bool) {
+	if len(piece) == 0 || len(buf) == 0 {
+		return 0, false
+	}
+	off := int(uintptr(unsafe.Pointer(&piece[0])) - uintptr(unsafe.Pointer(&buf[0])))
+	return off, off >= 0 && off+len(piece) <= len(buf)
+}
+
+// bufsLen is how many bytes bufs holds.
+func bufsLen(bufs [][]byte) int {
+	n := 0
+	for _, b := range bufs {
+		n += len(b)
+	}
+	return n
+}
+
+// keep copies bufs, just given to evloop, after the bytes kept before, and
+// keeps only as many as evloop holds: it writes in order, so what it holds
+// is the end of what it was given. The copy is what a handover writes of
+// the replies evloop drops when it closes its descriptor (see closed).
+func (lc *loopClient) keep(bufs [][]byte) {
+	if lc.gc == nil || !lc.counted {
+		return // the write failed and closed the connection, or no use
+	}
+	for _, b := range bufs {
+		lc.kept = append(lc.kept, b...)
+	}
+	lc.trimKept()
+}
+
+// trimKept drops the kept bytes evloop has written, and the buffer once it
+// holds none.
+func (lc *loopClient) trimKept() {
+	switch held := lc.gc.OutboundBuffered(); {
+	case held == 0 && cap(lc.kept) > tlsKeepMax:
+		lc.kept = nil
+	case held == 0:
+		lc.kept = lc.kept[:0]
+	case held < len(lc.kept):
+		lc.kept = lc.kept[len(lc.kept)-held:]
+	}
+}
