@@ -21,9 +21,10 @@ import (
 )
 
 // The differential cases and memccapable through the event loop: get,
-// gets, the storage commands, delete, touch, incr and decr are answered
-// on the loop, everything else after the connection moved to the
-// goroutine path, often with replies still owed.
+// gets, the storage commands, delete, touch, incr, decr, version,
+// verbosity, stats, quit and lines answered ERROR are answered on the
+// loop, everything else after the connection moved to the goroutine path,
+// often with replies still owed.
 func TestEventLoopDifferential(t *testing.T) {
 	runDifferential(t, slices.Concat(diffCases, regressionDiffCases), 1, loopConfig, nil)
 }
@@ -35,7 +36,8 @@ func TestEventLoopDifferentialThreeServers(t *testing.T) {
 func TestEventLoopMemccapable(t *testing.T) { runMemccapable(t, loopConfig) }
 
 // TestEventLoopKeepsGetsAndSets checks that gets, storage commands,
-// deletes, touches, incr and decr stay on the loop, and that the first other command
+// deletes, touches, incr, decr and the commands the sidecar answers by
+// itself stay on the loop, and that the first other command
 // moves the connection, once, with the replies it is owed written first
 // and in order.
 func TestEventLoopKeepsGetsAndSets(t *testing.T) {
@@ -96,6 +98,12 @@ func TestEventLoopKeepsGetsAndSets(t *testing.T) {
 		{"incr loop:2 1\r\n", "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n"},
 		{"incr nothing 1\r\n", "NOT_FOUND\r\n"},
 		{"version\r\n", "VERSION mcsidecar-test\r\n"},
+		{"verbosity 1\r\n", "OK\r\n"},
+		{"verbosity x\r\n", "CLIENT_ERROR bad command line format\r\n"},
+		{"nosuchcommand\r\n", "ERROR\r\n"},
+		{"get\r\n", "ERROR\r\n"},
+		{"stats items\r\n", "END\r\n"},
+		{"stats nosuch\r\n", "ERROR\r\n"},
 	} {
 		if got := c.do(tc.req); got != tc.want {
 			t.Errorf("%q answered %q, want %q", tc.req, got, tc.want)
@@ -111,20 +119,39 @@ func TestEventLoopKeepsGetsAndSets(t *testing.T) {
 			t.Fatalf("pipelined reply %q (%v), want %q", got, err, want)
 		}
 	}
+	// stats counts every request before it; quit closes once the replies
+	// owed are written, and nothing after it is read.
+	c.c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.c.Write([]byte("get loop:2\r\nstats\r\nget loop:3\r\nquit\r\nget loop:2\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readReply(c.br); err != nil || got != "VALUE loop:2 7 6\r\nloop:2\r\nEND\r\n" {
+		t.Fatalf("pipelined reply %q (%v)", got, err)
+	}
+	if got, err := readReply(c.br); err != nil || !strings.HasPrefix(got, "STAT pid ") || !strings.HasSuffix(got, "END\r\n") {
+		t.Fatalf("pipelined stats answered %q (%v)", short(got), err)
+	}
+	if got, err := readReply(c.br); err != nil || got != "VALUE loop:3 7 6\r\nloop:3\r\nEND\r\n" {
+		t.Fatalf("pipelined reply %q (%v)", got, err)
+	}
+	if rest, err := io.ReadAll(c.br); err != nil || len(rest) > 0 {
+		t.Fatalf("after quit the connection sent %q (%v), want its end", rest, err)
+	}
 	if n := loopHandovers(p); n != 0 {
 		t.Fatalf("%d connections left the loop for commands it answers", n)
 	}
+	c = newLineClient(t, addr)
 
 	// Pipelined in one write: gets owed upstream, then a command the loop
 	// does not answer, then more.
 	c.c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.c.Write([]byte("get loop:2\r\nset loop:x 0 0 1\r\nx\r\nverbosity 1\r\nget loop:x\r\ndelete loop:x\r\n")); err != nil {
+	if _, err := c.c.Write([]byte("get loop:2\r\nset loop:x 0 0 1\r\nx\r\nmn\r\nget loop:x\r\ndelete loop:x\r\n")); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
 		"VALUE loop:2 7 6\r\nloop:2\r\nEND\r\n",
 		"STORED\r\n",
-		"OK\r\n",
+		"MN\r\n",
 		"VALUE loop:x 0 1\r\nx\r\nEND\r\n",
 		"DELETED\r\n",
 	} {

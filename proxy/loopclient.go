@@ -19,6 +19,7 @@ type loopClient struct {
 	// closing marks a close the loop asked for itself.
 	handoff, closing bool
 	hangUp           bool // the command handed over is an HTTP request
+	quit             bool // the client sent quit: the connection closes, nothing more is read
 	inProcess        bool // process is running: replies made meanwhile are written when it ends
 	inTraffic        bool // in the client's own OnTraffic, which closes it by its return
 	writing          bool // written is running
@@ -97,6 +98,10 @@ func (lc *loopClient) traffic() evloop.Action {
 	lc.inTraffic = false
 	if lc.gc == nil {
 		return evloop.None // a write failed and closed the connection
+	}
+	if lc.quit {
+		lc.closing = true
+		return evloop.Close
 	}
 	lc.unread = lc.buffered()
 	switch {
@@ -222,6 +227,9 @@ func (lc *loopClient) process() {
 			break // wants more bytes
 		}
 		off += n
+		if lc.quit {
+			break
+		}
 	}
 	if off > 0 {
 		handle(lc.gc, lc.tls, off)
@@ -291,6 +299,11 @@ func (lc *loopClient) resume() {
 func (lc *loopClient) processHeld() {
 	lc.process()
 	if lc.gc == nil {
+		return
+	}
+	if lc.quit && !lc.inTraffic {
+		lc.closing = true
+		lc.gc.Close()
 		return
 	}
 	lc.unread = lc.buffered()
@@ -387,9 +400,16 @@ func (lc *loopClient) request(data []byte) (int, bool) {
 	}
 	cmd, words, v := parseLine(c.words, line[:len(line)-1])
 	c.words = words
-	if v != verdictRun {
-		lc.hangUp = v == verdictClose
+	switch v {
+	case verdictClose:
+		lc.hangUp = true
 		return 0, false
+	case verdictUnknown:
+		lc.local(cmdUnknown, func() { c.clientError(cmdUnknown, replyError) })
+		return i + 1, true
+	case verdictBadArgs:
+		lc.local(cmd.id, func() { c.clientError(cmd.id, replyError) })
+		return i + 1, true
 	}
 	if lc.zoneHeld(cmd.id) {
 		return 0, true // parsed again once the replies owed are written
@@ -404,22 +424,49 @@ func (lc *loopClient) request(data []byte) (int, bool) {
 		return lc.store(cmd.id, words, data, i+1)
 	case cmdDelete, cmdTouch, cmdIncr, cmdDecr:
 		return i + 1, lc.keyCommand(cmd.id, words)
-	case cmdVersion:
-		lc.version()
+	case cmdVersion, cmdVerbosity:
+		lc.local(cmd.id, func() { cmd.run(c, words) })
+		return i + 1, true
+	case cmdStats:
+		// Its counters include every request before it, as memcached's do.
+		if len(lc.slots) > 0 {
+			return 0, true // parsed again once the replies owed are written
+		}
+		lc.local(cmd.id, func() { cmd.run(c, words) })
+		return i + 1, true
+	case cmdQuit:
+		// The connection closes once the replies owed are written; what
+		// evloop still holds to write, or a TLS session's end, the
+		// goroutine path writes.
+		if len(lc.slots) > 0 {
+			return 0, true
+		}
+		if lc.tls != nil || lc.gc.OutboundBuffered() > 0 {
+			return 0, false
+		}
+		c.p.stats.record(cmdQuit, outcomeOK)
+		lc.quit = true
 		return i + 1, true
 	}
 	return 0, false
 }
 
-// version answers version, which some clients send when they connect, in
-// its place among the replies owed.
-func (lc *loopClient) version() {
-	p := lc.c.p
-	s := lc.ls.slot(lc, cmdVersion)
-	s.line = append(append(append(s.line[:0], "VERSION "...), p.version...), crlf...)
-	s.out = append(s.out, s.line)
+// local answers, in its place among the replies owed, a command the
+// sidecar answers by itself (version, verbosity, stats, a line memcached
+// answers ERROR): run is the command's handler, whose reply is gathered
+// into a slot.
+func (lc *loopClient) local(id int, run func()) {
+	c := lc.c
+	s := lc.ls.slot(lc, id)
+	w := replyWriter{buf: s.line[:0]}
+	c.wr, c.noreply = &w, false
+	run()
+	c.wr = nil
+	s.line, s.noreply = w.buf, c.noreply
+	if len(s.line) > 0 {
+		s.out = append(s.out, s.line)
+	}
 	lc.slots = append(lc.slots, s)
-	p.stats.record(cmdVersion, outcomeOK)
 }
 
 // validKey reports whether the loop may take key: one memcached accepts,

@@ -44,11 +44,12 @@ func (w *replyWriter) reset(cc *countingConn) {
 }
 
 // Write copies b into the pending replies. It never fails: errors surface
-// at flush.
+// at flush. Without a connection (an event loop gathering a reply) it
+// only gathers.
 func (w *replyWriter) Write(b []byte) (int, error) {
 	w.buf = append(w.buf, b...)
 	w.size += len(b)
-	if w.size >= flushAt {
+	if w.size >= flushAt && w.cc != nil {
 		w.flush()
 	}
 	return len(b), nil
