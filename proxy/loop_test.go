@@ -99,6 +99,7 @@ func TestEventLoopKeepsGetsAndSets(t *testing.T) {
 		{"incr nothing 1\r\n", "NOT_FOUND\r\n"},
 		{"version\r\n", "VERSION mcsidecar-test\r\n"},
 		{"verbosity 1\r\n", "OK\r\n"},
+		{"mn\r\n", "MN\r\n"},
 		{"verbosity x\r\n", "CLIENT_ERROR bad command line format\r\n"},
 		{"nosuchcommand\r\n", "ERROR\r\n"},
 		{"get\r\n", "ERROR\r\n"},
@@ -145,13 +146,13 @@ func TestEventLoopKeepsGetsAndSets(t *testing.T) {
 	// Pipelined in one write: gets owed upstream, then a command the loop
 	// does not answer, then more.
 	c.c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.c.Write([]byte("get loop:2\r\nset loop:x 0 0 1\r\nx\r\nmn\r\nget loop:x\r\ndelete loop:x\r\n")); err != nil {
+	if _, err := c.c.Write([]byte("get loop:2\r\nset loop:x 0 0 1\r\nx\r\nmg loop:x v\r\nget loop:x\r\ndelete loop:x\r\n")); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
 		"VALUE loop:2 7 6\r\nloop:2\r\nEND\r\n",
 		"STORED\r\n",
-		"MN\r\n",
+		"VA 1\r\nx\r\n",
 		"VALUE loop:x 0 1\r\nx\r\nEND\r\n",
 		"DELETED\r\n",
 	} {

@@ -424,7 +424,7 @@ func (lc *loopClient) request(data []byte) (int, bool) {
 		return lc.store(cmd.id, words, data, i+1)
 	case cmdDelete, cmdTouch, cmdIncr, cmdDecr:
 		return i + 1, lc.keyCommand(cmd.id, words)
-	case cmdVersion, cmdVerbosity:
+	case cmdVersion, cmdVerbosity, cmdMetaNoop:
 		lc.local(cmd.id, func() { cmd.run(c, words) })
 		return i + 1, true
 	case cmdStats:
@@ -452,8 +452,8 @@ func (lc *loopClient) request(data []byte) (int, bool) {
 }
 
 // local answers, in its place among the replies owed, a command the
-// sidecar answers by itself (version, verbosity, stats, a line memcached
-// answers ERROR): run is the command's handler, whose reply is gathered
+// sidecar answers by itself (version, verbosity, mn, stats, a line
+// memcached answers ERROR): run is the command's handler, whose reply is gathered
 // into a slot.
 func (lc *loopClient) local(id int, run func()) {
 	c := lc.c
