@@ -68,17 +68,11 @@ const loopPendMin = 64 << 10
 const loopMaxSlots = 256
 
 // loopUnreadMax is the most bytes of requests a client may have sent that
-// the loop is not answering yet because the client reads its replies too
-// slowly or is to be handed over, and loopPipelinedMax the most while it
-// owes loopMaxSlots replies and reads them. Past them, the connection
-// moves to the goroutine path, which reads no more requests than it
-// answers: evloop has no way to stop reading a socket. A client that
-// pipelines a bulk load and reads every reply stays on the loop up to the
-// second.
-const (
-	loopUnreadMax    = 16 * loopReadBuffer
-	loopPipelinedMax = 256 * loopReadBuffer
-)
+// the loop is not answering yet, because it owes loopMaxSlots replies or
+// the client reads its replies too slowly: past it the loop stops reading
+// the client's socket until half of them are answered, as memcached
+// reads no more requests than it answers, and the client waits.
+const loopUnreadMax = 16 * loopReadBuffer
 
 // traffic handles every request that has arrived whole.
 func (lc *loopClient) traffic() evloop.Action {
@@ -117,28 +111,26 @@ func (lc *loopClient) traffic() evloop.Action {
 		lc.closing = true
 		return evloop.Close
 	}
-	if lc.piledUp() {
-		// evloop cannot stop reading a socket; the goroutine path reads no
-		// more than it answers, as memcached does: the client waits there.
-		lc.handoff = true
-		return evloop.Close
-	}
+	lc.pace()
 	if lc.moveNow() || len(lc.slots) == 0 && lc.c.p.draining() && lc.gc.OutboundBuffered() == 0 && !lc.inBlock() {
 		return evloop.Close // what written leaves to this callback's return
 	}
 	return evloop.None
 }
 
-// piledUp reports whether the client sent more requests than the loop
-// lets wait (see loopUnreadMax).
-func (lc *loopClient) piledUp() bool {
-	switch {
-	case lc.unread > loopPipelinedMax:
-		return lc.movable()
-	case lc.unread > loopUnreadMax:
-		return (lc.held || lc.handoff) && lc.movable()
+// pace stops reading the client's socket while it sent more requests
+// than the loop lets wait (see loopUnreadMax), and reads it again once
+// they are down to half, or once nothing is owed or held: then what is
+// buffered is the start of a request, whose rest must be read.
+func (lc *loopClient) pace() {
+	waiting := len(lc.slots) > 0 || lc.held
+	switch reading := lc.gc.Reading(); {
+	case reading && waiting && lc.unread > loopUnreadMax:
+		lc.gc.PauseReading()
+		lc.c.p.stats.clientReadPauses.Add(1)
+	case !reading && (!waiting || lc.unread <= loopUnreadMax/2):
+		lc.gc.ResumeReading()
 	}
-	return false
 }
 
 // moveNow reports whether a connection the loop hands over moves now: no
@@ -307,6 +299,7 @@ func (lc *loopClient) processHeld() {
 		return
 	}
 	lc.unread = lc.buffered()
+	lc.pace()
 	if !lc.inTraffic && lc.moveNow() {
 		lc.gc.Close()
 	}

@@ -52,9 +52,9 @@ func TestEventLoopHalfCloseGetsEveryReply(t *testing.T) {
 // TestEventLoopStopsTakingRequestsOfAClientThatReadsNone sends gets of a
 // 16 KiB value for 3 s as fast as the proxy takes them, without reading,
 // and without --idle-timeout: the requests the loop cannot answer yet must
-// not pile up without end (evloop cannot stop reading a socket, the
-// goroutine path can), and the client must then get its replies, whole
-// and in order.
+// not pile up without end (the loop stops reading the client's socket, and
+// keeps the client), and the client must then get its replies, whole and
+// in order.
 func TestEventLoopStopsTakingRequestsOfAClientThatReadsNone(t *testing.T) {
 	needsWrittenCount(t)
 	p, addr := startProxy(t, loopConfig(startMemcached(t)))
@@ -75,8 +75,11 @@ func TestEventLoopStopsTakingRequestsOfAClientThatReadsNone(t *testing.T) {
 			t.Fatalf("reply %d: %.60q (%v)", i, got, err)
 		}
 	}
-	if n := loopHandovers(p); n != 1 {
-		t.Errorf("%d connections handed over, want the client's", n)
+	if n := loopHandovers(p); n != 0 {
+		t.Errorf("%d connections handed over, want none: the loop stops reading the client", n)
+	}
+	if p.stats.clientReadPauses.Load() == 0 {
+		t.Error("the loop never stopped reading the client")
 	}
 }
 
@@ -155,24 +158,24 @@ func TestEventLoopBulkPipelinerStaysOnTheLoop(t *testing.T) {
 }
 
 // TestShutdownEndsHandoversOfClientsThatReadNothing lets Shutdown's grace
-// run out on clients that read nothing, each moved from the loop while
-// evloop held replies: at a command the loop does not answer, with replies
-// still owed; after sending more than the loop lets wait; at a
-// half-close. Every connection must be gone soon after, none left waiting
+// run out on clients that read nothing: moved from the loop while evloop
+// held replies, at a command the loop does not answer with replies still
+// owed, or at a half-close; or left on the loop, not read, after sending
+// more than the loop lets wait. Every connection must be gone soon after, none left waiting
 // in a handover for a loop that stopped or for a client that does not
 // read.
 func TestShutdownEndsHandoversOfClientsThatReadNothing(t *testing.T) {
 	needsWrittenCount(t)
 	cases := map[string]func(t *testing.T, p *Proxy, c net.Conn){
 		"meta command": func(t *testing.T, p *Proxy, c net.Conn) {
-			io.WriteString(c, strings.Repeat("get big\r\n", 250)+"mn\r\n")
+			io.WriteString(c, strings.Repeat("get big\r\n", 250)+"mg big v\r\n")
 			waitOnLoop(t, p, func(lc *loopClient) bool {
 				return lc.handoff && len(lc.slots) > 0 && lc.gc.OutboundBuffered() > 0
 			})
 		},
 		"requests piled up": func(t *testing.T, p *Proxy, c net.Conn) {
-			sendGetsUnread(t, c, func() bool { return loopHandovers(p) > 0 })
-			if n := loopHandovers(p); n != 1 {
+			sendGetsUnread(t, c, func() bool { return p.stats.clientReadPauses.Load() > 0 })
+			if n := loopHandovers(p); n != 0 {
 				t.Fatalf("%d handovers", n)
 			}
 		},

@@ -38,6 +38,7 @@ type stats struct {
 	connsIdleClosed          atomic.Uint64 // closed by --idle-timeout
 	connsOutputClosed        atomic.Uint64 // of those, closed with replies left unread (see output.go)
 	connsHandedOver          atomic.Uint64 // moved from an event loop to the goroutine path
+	clientReadPauses         atomic.Uint64 // an event loop stopped reading a client (see loopUnreadMax)
 	requests                 [numCommands][numOutcomes]atomic.Uint64
 
 	// Values, when the codec is on: envelopes refused on read by reason

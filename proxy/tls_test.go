@@ -585,13 +585,13 @@ func TestTLSClientsOnTheLoop(t *testing.T) {
 				return fmt.Errorf("client %d: the get answered %d bytes (%v), want %d: %q", c, len(got), err, len(want), short(got))
 			}
 		}
-		// mn moves the connection: the get before it is owed, the one
-		// after it is read already.
+		// A meta command moves the connection: the get before it is owed,
+		// the one after it is read already.
 		one := fmt.Sprintf("c%d-1", c)
-		if _, err := io.WriteString(tc, "get "+one+"\r\nmn\r\n"+get); err != nil {
+		if _, err := io.WriteString(tc, "get "+one+"\r\nmg nokey v\r\n"+get); err != nil {
 			return err
 		}
-		for i, w := range []string{valueReply(one, 0, keyedValue(one, 1)), "MN\r\n", want} {
+		for i, w := range []string{valueReply(one, 0, keyedValue(one, 1)), "EN\r\n", want} {
 			if got, err := readReply(br); err != nil || got != w {
 				return fmt.Errorf("client %d: reply %d around the handover: %q (%v), want %q", c, i, short(got), err, short(w))
 			}
@@ -612,7 +612,7 @@ func TestTLSClientsOnTheLoop(t *testing.T) {
 		}
 	}
 	if n := loopHandovers(p); n != clients {
-		t.Errorf("%d connections left the loop, want %d (at mn)", n, clients)
+		t.Errorf("%d connections left the loop, want %d (at mg)", n, clients)
 	}
 
 	// A byte a time: each write makes a TLS record of one byte.
@@ -667,7 +667,7 @@ func TestTLSClientsOnTheLoop(t *testing.T) {
 		t.Errorf("the set sent before close_notify: get answered %q", got)
 	}
 	if n := loopHandovers(p); n != clients+1 {
-		t.Errorf("%d connections left the loop, want %d (at mn, and at the close_notify)", n, clients+1)
+		t.Errorf("%d connections left the loop, want %d (at mg, and at the close_notify)", n, clients+1)
 	}
 }
 
@@ -705,8 +705,8 @@ func TestTLSClientHandedOverWhileTheLoopHoldsRecords(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		replies := []string{}
 		if i == 0 {
-			io.WriteString(tc, "mn\r\nget big\r\n")
-			replies = []string{"MN\r\n", want}
+			io.WriteString(tc, "mg nokey v\r\nget big\r\n")
+			replies = []string{"EN\r\n", want}
 		} else {
 			tc.CloseWrite()                 // close_notify
 			raw.(*net.TCPConn).CloseWrite() // and the end of the stream

@@ -31,6 +31,7 @@ type Conn struct {
 	outOff int
 
 	watchOut bool // epoll reports when the socket can be written
+	paused   bool // the socket is not read (see PauseReading)
 	closing  bool // close has begun: OnClose is running or has run
 }
 
@@ -232,6 +233,28 @@ func (c *Conn) waitRoom() error {
 	}
 	return nil
 }
+
+// PauseReading stops reading the socket until ResumeReading: what the
+// peer sends meanwhile waits in the socket's buffer, and once that is
+// full, in the peer, as with a server that reads no more requests than it
+// answers. A hang-up is still reported. A failure closes the connection.
+func (c *Conn) PauseReading() { c.setPaused(true) }
+
+// ResumeReading reads the socket again after PauseReading.
+func (c *Conn) ResumeReading() { c.setPaused(false) }
+
+func (c *Conn) setPaused(paused bool) {
+	if c.fd < 0 || c.closing || c.paused == paused {
+		return
+	}
+	if err := c.loop.interest(c, c.watchOut, paused); err != nil {
+		c.close(err)
+	}
+}
+
+// Reading reports whether the socket is read: false between PauseReading
+// and ResumeReading.
+func (c *Conn) Reading() bool { return !c.paused }
 
 // Close closes the connection now: OnClose runs before Close returns, and
 // what the connection holds to write is written after it, as far as the

@@ -396,6 +396,49 @@ func TestBytesLeftUnreadComeFirstInTheNextTraffic(t *testing.T) {
 	}
 }
 
+// TestPausedConnectionIsNotReadUntilResumed pauses reading after each
+// read: what the client sends next stays in the socket until the loop
+// resumes, and then comes whole.
+func TestPausedConnectionIsNotReadUntilResumed(t *testing.T) {
+	got := make(chan string, 10)
+	h := &handler{traffic: func(c *Conn) Action {
+		got <- string(c.Peek())
+		c.Discard(len(c.Peek()))
+		c.PauseReading()
+		return None
+	}}
+	e := start(t, Config{Loops: 1}, h)
+	client, c := pair(t, e, nil, nil)
+	receive := func(want string) {
+		t.Helper()
+		select {
+		case s := <-got:
+			if s != want {
+				t.Fatalf("read %q, want %q", s, want)
+			}
+		case <-time.After(bound):
+			t.Fatalf("%q never read", want)
+		}
+	}
+	client.Write([]byte("one"))
+	receive("one")
+	client.Write([]byte("two"))
+	select {
+	case s := <-got:
+		t.Fatalf("read %q while paused", s)
+	case <-time.After(200 * time.Millisecond):
+	}
+	reading := true
+	on(t, c.Loop(), func() {
+		reading = c.Reading()
+		c.ResumeReading()
+	})
+	if reading {
+		t.Error("a paused connection reports that it is read")
+	}
+	receive("two")
+}
+
 // closeRecorder records the OnClose calls of a test.
 type closeRecorder struct {
 	mu     sync.Mutex

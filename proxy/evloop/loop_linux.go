@@ -304,14 +304,24 @@ func (l *Loop) shutdown() {
 // watch sets the events epoll reports for c: readable, and writable too
 // while c holds bytes to write.
 func (l *Loop) watch(c *Conn, writes bool) error {
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(c.fd)}
+	return l.interest(c, writes, c.paused)
+}
+
+// interest sets what epoll reports of c: whether the socket can be
+// written, and unless paused, whether it can be read. A hang-up or an
+// error is reported either way.
+func (l *Loop) interest(c *Conn, writes, paused bool) error {
+	ev := unix.EpollEvent{Fd: int32(c.fd)}
+	if !paused {
+		ev.Events |= unix.EPOLLIN
+	}
 	if writes {
 		ev.Events |= unix.EPOLLOUT
 	}
 	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_MOD, c.fd, &ev); err != nil {
 		return os.NewSyscallError("epoll_ctl", err)
 	}
-	c.watchOut = writes
+	c.watchOut, c.paused = writes, paused
 	return nil
 }
 

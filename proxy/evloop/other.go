@@ -31,6 +31,9 @@ func (*Loop) Enroll(net.Conn, any) (*Conn, error) { return nil, errNeedsLinux }
 // Conn is a connection on a loop; there is none without Linux.
 type Conn struct{}
 
+func (*Conn) PauseReading()                {}
+func (*Conn) ResumeReading()               {}
+func (*Conn) Reading() bool                { return false }
 func (*Conn) Context() any                 { return nil }
 func (*Conn) SetContext(any)               {}
 func (*Conn) Loop() *Loop                  { return nil }
