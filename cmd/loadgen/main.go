@@ -7,12 +7,16 @@
 // CPU per request that a goroutine per connection does, CPU it would
 // otherwise take from the servers it shares the machine with.
 //
-// Every value is derived from its key, a version and the seed, and carries
-// the key and version in a printable header, so any value read can be
-// checked byte for byte. Each connection is the only writer of its own
-// slice of the key space (key i belongs to connection i mod conns): for its
-// own keys it expects exactly the version it last stored; for other keys it
-// accepts any version their owner has begun to store.
+// Every value is derived from its key, a version and the seed, and is
+// stored with the version as its flags, so any value read can be checked
+// byte for byte. Keys and values come in shapes (--shape, see shapes.go):
+// loadgen's own plain values name their key and version in a printable
+// header; the others are shaped like a Mimir store-gateway's postings and
+// series entries, 150-byte tenant in the key and all. Each connection is
+// the only writer of its own slice of the key space (key i belongs to
+// connection i mod conns): for its own keys it expects exactly the version
+// it last stored; for other keys it accepts any version their owner has
+// begun to store.
 package main
 
 import (
@@ -23,7 +27,9 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -48,8 +54,15 @@ type config struct {
 	waitStart time.Duration
 	tls       bool
 	loops     int
+	shapeName string
 
-	pad []byte // what values' fillers are cut from: newPad(seed, valueSize)
+	// plainFlag is a flag of the plain shape's alone that was given
+	// (--value-size, --key-prefix), "" if none: the other shapes size and
+	// name their own values and keys.
+	plainFlag string
+
+	pad   []byte // what plain values' fillers are cut from: newPad(seed, valueSize)
+	shape shape  // newShape(cfg)
 }
 
 func (c *config) registerFlags(fs *pflag.FlagSet) {
@@ -57,12 +70,13 @@ func (c *config) registerFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.conns, "conns", 32, "connections, each with one request in flight")
 	fs.DurationVar(&c.duration, "duration", 0, "how long to run after pre-population (0: bounded by --requests only)")
 	fs.Int64Var(&c.requests, "requests", 0, "total requests over all connections after pre-population (0: bounded by --duration only)")
-	fs.IntVar(&c.valueSize, "value-size", 1024, "bytes per value")
+	fs.IntVar(&c.valueSize, "value-size", 1024, "bytes per value (--shape plain)")
 	fs.Float64Var(&c.getRatio, "get-ratio", 0.9, "share of requests that are gets; the rest are sets")
 	fs.IntVar(&c.keys, "keys", 10000, "size of the key space")
 	fs.IntVar(&c.multiget, "multiget", 1, "distinct keys per get request")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the request mix and of the value contents")
-	fs.StringVar(&c.keyPrefix, "key-prefix", "lg:", "prefix of every key (printable, no spaces)")
+	fs.StringVar(&c.keyPrefix, "key-prefix", "lg:", "prefix of every key (printable, no spaces; --shape plain)")
+	fs.StringVar(&c.shapeName, "shape", shapePlain, "what keys and values look like: plain (--key-prefix and a number, values of --value-size bytes naming their key), or shaped like a Mimir store-gateway's: dm (postings keys of 224 bytes, Mimir \"dm\" postings values of about 3 KB), raw-postings (the same keys, raw postings lists of 10-50,000 uint32 references, about 23 KB on average), series (series keys, values of a few hundred bytes)")
 	fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "longest wait for connecting or for one reply")
 	fs.IntVar(&c.loops, "event-loops", -1, "run the timed phase on this many event loops (-1: one per CPU); 0: a goroutine per connection, as always with --tls")
 	fs.BoolVar(&c.tls, "tls", false, "speak TLS to the server, accepting any certificate (a load, not a check of the server's identity)")
@@ -96,6 +110,10 @@ func (c *config) validate() error {
 		return errors.New("--wait-start must not be negative")
 	case c.loops < -1 || c.loops > 256:
 		return errors.New("--event-loops must be -1 (one per CPU) or between 0 and 256")
+	case !slices.Contains(shapeNames, c.shapeName):
+		return fmt.Errorf("--shape must be one of %s", strings.Join(shapeNames, ", "))
+	case c.shapeName != shapePlain && c.plainFlag != "":
+		return fmt.Errorf("--%s is for --shape plain: shape %s sizes and names its own values and keys", c.plainFlag, c.shapeName)
 	}
 	for _, b := range []byte(c.keyPrefix) {
 		if b <= ' ' || b >= 0x7f {
@@ -132,10 +150,16 @@ func run(args []string, stdout, stderr io.Writer) (bool, error) {
 		}
 		return false, err
 	}
+	for _, name := range []string{"value-size", "key-prefix"} {
+		if fs.Changed(name) && cfg.plainFlag == "" {
+			cfg.plainFlag = name
+		}
+	}
 	if err := cfg.validate(); err != nil {
 		return false, err
 	}
 	cfg.pad = newPad(cfg.seed, cfg.valueSize)
+	cfg.shape = newShape(&cfg)
 	sh := newShared(&cfg, stderr)
 	workers := make([]*worker, cfg.conns)
 	for i := range workers {
@@ -248,7 +272,7 @@ type shared struct {
 func newShared(cfg *config, log io.Writer) *shared {
 	sh := &shared{cfg: cfg, keyNames: make([][]byte, cfg.keys), versions: make([]atomic.Uint32, cfg.keys), log: log}
 	for i := range sh.keyNames {
-		sh.keyNames[i] = strconv.AppendInt([]byte(cfg.keyPrefix), int64(i), 10)
+		sh.keyNames[i] = cfg.shape.appendKey(nil, i)
 	}
 	return sh
 }

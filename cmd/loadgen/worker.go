@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"strconv"
@@ -180,7 +181,7 @@ func (w *worker) sendSet(j int) {
 	v := w.own[j] + 1
 	w.own[j] = v
 	w.sh.versions[key].Store(v)
-	w.want = appendValue(w.want[:0], w.cfg, key, v)
+	w.want = w.cfg.shape.appendValue(w.want[:0], key, v)
 
 	b := append(w.line[:0], "set "...)
 	b = append(b, w.sh.keyNames[key]...)
@@ -352,25 +353,36 @@ func (w *worker) readData(n int) ([]byte, error) {
 }
 
 // check counts a value as wrong unless it is, byte for byte, a version of
-// key that may be there now.
+// key that may be there now. Its flags name the version; a plain value
+// names its key and version in its header as well.
 func (w *worker) check(key int, flags uint64, data []byte) {
-	hk, v, ok := parseHeader(data, w.cfg.keyPrefix)
+	var v uint32
 	reason := ""
-	switch {
-	case !ok:
-		reason = "no well-formed header"
-	case hk != key:
-		reason = fmt.Sprintf("header names key %d", hk)
-	case flags != uint64(v):
-		reason = fmt.Sprintf("flags %d, version %d", flags, v)
-	case key%w.cfg.conns == w.id && w.exact[key/w.cfg.conns] && v != w.own[key/w.cfg.conns]:
-		reason = fmt.Sprintf("version %d, last stored %d", v, w.own[key/w.cfg.conns])
-	case v < 1 || v > w.sh.versions[key].Load():
-		// The owner publishes a version before it sends it, so anything
-		// newer was never written.
-		reason = fmt.Sprintf("version %d never stored", v)
-	default:
-		if !isValue(data, w.cfg, key, v) {
+	if w.cfg.shapeName == shapePlain {
+		hk, hv, ok := parseHeader(data, w.cfg.keyPrefix)
+		switch {
+		case !ok:
+			reason = "no well-formed header"
+		case hk != key:
+			reason = fmt.Sprintf("header names key %d", hk)
+		case flags != uint64(hv):
+			reason = fmt.Sprintf("flags %d, version %d", flags, hv)
+		}
+		v = hv
+	} else if flags > math.MaxUint32 {
+		reason = fmt.Sprintf("flags %d name no version", flags)
+	} else {
+		v = uint32(flags)
+	}
+	if reason == "" {
+		switch {
+		case key%w.cfg.conns == w.id && w.exact[key/w.cfg.conns] && v != w.own[key/w.cfg.conns]:
+			reason = fmt.Sprintf("version %d, last stored %d", v, w.own[key/w.cfg.conns])
+		case v < 1 || v > w.sh.versions[key].Load():
+			// The owner publishes a version before it sends it, so anything
+			// newer was never written.
+			reason = fmt.Sprintf("version %d never stored", v)
+		case !w.cfg.shape.isValue(data, key, v):
 			reason = fmt.Sprintf("content differs from version %d", v)
 		}
 	}
