@@ -215,7 +215,7 @@ func (w *worker) completed() {
 		w.sets++
 	}
 	w.requests++
-	w.latency.record(uint64(time.Since(w.began)))
+	w.record(uint64(time.Since(w.began)), w.setKey < 0)
 	w.inFlight = false
 	w.sentAt.Store(0)
 }

@@ -533,6 +533,11 @@ func TestShapesAgainstMemcached(t *testing.T) {
 			if field(t, line, "requests") != 400 || field(t, line, "gets") == 0 || field(t, line, "sets") == 0 {
 				t.Errorf("%v: %s", args, line)
 			}
+			for _, f := range []string{"items/s=", "batch_p50=", "batch_p99="} {
+				if !strings.Contains(line, " "+f) || strings.Contains(line, " "+f+"0.0") {
+					t.Errorf("%v: no %s figure in %s", args, f, line)
+				}
+			}
 		}
 	}
 }

@@ -149,7 +149,8 @@ func (w *worker) loop() {
 		}
 		w.renewDeadline(start)
 		var err error
-		if len(w.own) == 0 || w.rng.Float64() < cfg.getRatio {
+		get := len(w.own) == 0 || w.rng.Float64() < cfg.getRatio
+		if get {
 			err = w.get()
 			w.gets++
 		} else {
@@ -157,7 +158,7 @@ func (w *worker) loop() {
 			w.sets++
 		}
 		w.requests++
-		w.latency.record(uint64(time.Since(start)))
+		w.record(uint64(time.Since(start)), get)
 		if err != nil {
 			w.fail(err)
 			return
