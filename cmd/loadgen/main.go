@@ -1,6 +1,7 @@
 // Command loadgen drives memcached text-protocol load at one address over
-// many connections, one request in flight on each, and checks every value
-// it reads back byte for byte. It speaks the protocol by hand so that what
+// many connections, one request in flight on each (or, with --rate, each
+// request sent when it is due: see pace.go), and checks every value it
+// reads back byte for byte. It speaks the protocol by hand so that what
 // it measures is the server, not a client library: it pre-populates the
 // keys over buffered net.Conns, and runs the timed phase on event loops
 // (see loop.go): against memcached they cost it about two thirds of the
@@ -55,6 +56,7 @@ type config struct {
 	tls       bool
 	loops     int
 	shapeName string
+	rate      float64
 
 	// plainFlag is a flag of the plain shape's alone that was given
 	// (--value-size, --key-prefix), "" if none: the other shapes size and
@@ -67,7 +69,7 @@ type config struct {
 
 func (c *config) registerFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.addr, "addr", "127.0.0.1:11211", "memcached-protocol server to load: host:port")
-	fs.IntVar(&c.conns, "conns", 32, "connections, each with one request in flight")
+	fs.IntVar(&c.conns, "conns", 32, "connections, each with one request in flight (with --rate, as many as are due)")
 	fs.DurationVar(&c.duration, "duration", 0, "how long to run after pre-population (0: bounded by --requests only)")
 	fs.Int64Var(&c.requests, "requests", 0, "total requests over all connections after pre-population (0: bounded by --duration only)")
 	fs.IntVar(&c.valueSize, "value-size", 1024, "bytes per value (--shape plain)")
@@ -80,6 +82,7 @@ func (c *config) registerFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "longest wait for connecting or for one reply")
 	fs.IntVar(&c.loops, "event-loops", -1, "run the timed phase on this many event loops (-1: one per CPU); 0: a goroutine per connection, as always with --tls")
 	fs.BoolVar(&c.tls, "tls", false, "speak TLS to the server, accepting any certificate (a load, not a check of the server's identity)")
+	fs.Float64Var(&c.rate, "rate", 0, "open loop: send this many requests per second over all connections, each when it is due whether or not earlier replies have come, and measure latency from when it was due; requests sent over 1ms late are counted (late=); 0: closed loop, each connection sending its next request when the reply to the last is in")
 	fs.DurationVar(&c.waitStart, "wait-start", 0, "after pre-population, print \"loadgen: populated\" on stderr and wait up to this long for SIGUSR1 before the timed phase, so that a harness can sample the server in between (0: start at once)")
 }
 
@@ -112,6 +115,10 @@ func (c *config) validate() error {
 		return errors.New("--event-loops must be -1 (one per CPU) or between 0 and 256")
 	case !slices.Contains(shapeNames, c.shapeName):
 		return fmt.Errorf("--shape must be one of %s", strings.Join(shapeNames, ", "))
+	case c.rate < 0 || math.IsNaN(c.rate) || math.IsInf(c.rate, 0):
+		return errors.New("--rate must be a number of requests per second, 0 for a closed loop")
+	case c.rate > 0 && (c.tls || c.loops == 0):
+		return errors.New("--rate runs on the event loops only: not with --tls or --event-loops 0")
 	case c.shapeName != shapePlain && c.plainFlag != "":
 		return fmt.Errorf("--%s is for --shape plain: shape %s sizes and names its own values and keys", c.plainFlag, c.shapeName)
 	}
@@ -219,7 +226,7 @@ func run(args []string, stdout, stderr io.Writer) (bool, error) {
 
 	cpu0 := cpuTime()
 	start := time.Now()
-	sh.end = start.Add(cfg.duration)
+	sh.start, sh.end = start, start.Add(cfg.duration)
 	if loops != nil {
 		loops.run()
 	} else {
@@ -239,12 +246,12 @@ func run(args []string, stdout, stderr io.Writer) (bool, error) {
 	// items/s counts the values that went over the wire, read (hits) or
 	// written (sets); batch_p50 and batch_p99 are the gets' latencies alone,
 	// a get of --multiget keys being the batch a store-gateway sends.
-	fmt.Fprintf(stdout, "requests=%d ops/s=%.1f items/s=%.1f gets=%d hits=%d misses=%d sets=%d errors=%d server_errors=%d wrong=%d p50=%s p99=%s batch_p50=%s batch_p99=%s elapsed=%.2fs conns=%d multiget=%d shape=%s loadgen_cpu=%.2fs\n",
+	fmt.Fprintf(stdout, "requests=%d ops/s=%.1f items/s=%.1f gets=%d hits=%d misses=%d sets=%d errors=%d server_errors=%d wrong=%d p50=%s p99=%s batch_p50=%s batch_p99=%s late=%d elapsed=%.2fs conns=%d multiget=%d shape=%s rate=%g loadgen_cpu=%.2fs\n",
 		total.requests, float64(total.requests)/elapsed.Seconds(), float64(total.hits+total.sets)/elapsed.Seconds(),
 		total.gets, total.hits, total.misses, total.sets,
 		total.errors, total.serverErrors, total.wrong, micros(total.latency.quantile(0.50)), micros(total.latency.quantile(0.99)),
-		micros(total.batch.quantile(0.50)), micros(total.batch.quantile(0.99)),
-		elapsed.Seconds(), cfg.conns, cfg.multiget, cfg.shapeName, cpu.Seconds())
+		micros(total.batch.quantile(0.50)), micros(total.batch.quantile(0.99)), total.late,
+		elapsed.Seconds(), cfg.conns, cfg.multiget, cfg.shapeName, cfg.rate, cpu.Seconds())
 	return total.errors == 0 && total.wrong == 0, nil
 }
 
@@ -267,7 +274,8 @@ type shared struct {
 	keyNames [][]byte
 	versions []atomic.Uint32
 	claimed  atomic.Int64 // requests started, against --requests
-	end      time.Time    // set before the timed phase begins
+	start    time.Time    // set before the timed phase begins
+	end      time.Time    // start + duration
 
 	logMu  sync.Mutex
 	logged int
@@ -299,6 +307,7 @@ func (sh *shared) report(format string, args ...any) {
 // are only counted.
 type counters struct {
 	requests, gets, hits, misses, sets, errors, serverErrors, wrong uint64
+	late                                                            uint64 // sent over lateAfter after due, in an open loop
 	latency                                                         histogram
 	batch                                                           histogram // of the gets alone
 }
@@ -312,6 +321,7 @@ func (c *counters) add(o *counters) {
 	c.errors += o.errors
 	c.serverErrors += o.serverErrors
 	c.wrong += o.wrong
+	c.late += o.late
 	c.latency.merge(&o.latency)
 	c.batch.merge(&o.batch)
 }

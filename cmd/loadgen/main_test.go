@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,10 +95,10 @@ func TestFindsWrongValues(t *testing.T) {
 			go corruptingRelay(c, mc)
 		}
 	}()
-	for _, loops := range []string{"-1", "0"} {
-		line, ok, _ := runLoadgen(t, "--addr", ln.Addr().String(), "--requests", "2000", "--keys", "200", "--conns", "4", "--get-ratio", "0.9", "--event-loops", loops)
+	for _, mode := range [][]string{{"--event-loops", "-1"}, {"--event-loops", "0"}, {"--rate", "4000"}} {
+		line, ok, _ := runLoadgen(t, append([]string{"--addr", ln.Addr().String(), "--requests", "2000", "--keys", "200", "--conns", "4", "--get-ratio", "0.9"}, mode...)...)
 		if ok || field(t, line, "wrong") == 0 {
-			t.Errorf("--event-loops %s: a corrupted value went unnoticed: %s", loops, line)
+			t.Errorf("%v: a corrupted value went unnoticed: %s", mode, line)
 		}
 	}
 }
@@ -263,6 +264,11 @@ func TestFlagsRefused(t *testing.T) {
 		{[]string{"--shape", "dm", "--value-size", "3072"}, "--value-size is for --shape plain"},
 		{[]string{"--shape", "series", "--key-prefix", "S:"}, "--key-prefix is for --shape plain"},
 		{[]string{"--shape", "raw-postings", "--value-size", "1024"}, "--value-size is for --shape plain"},
+		{[]string{"--rate", "-1"}, "--rate must be a number of requests per second"},
+		{[]string{"--rate", "NaN"}, "--rate must be a number of requests per second"},
+		{[]string{"--rate", "+Inf"}, "--rate must be a number of requests per second"},
+		{[]string{"--rate", "100", "--event-loops", "0"}, "--rate runs on the event loops only"},
+		{[]string{"--rate", "100", "--tls"}, "--rate runs on the event loops only"},
 	} {
 		args := append([]string{"--addr", "127.0.0.1:1", "--requests", "10"}, tc.args...)
 		var out, errs bytes.Buffer
@@ -539,5 +545,86 @@ func TestShapesAgainstMemcached(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestOpenLoop runs each shape in an open loop against a real memcached,
+// fast enough for requests to overlap on a connection (a set and a get of
+// the same key among them): every value read must check out, and the
+// requests asked for must all be made.
+func TestOpenLoop(t *testing.T) {
+	addr := memcachedtest.Start(t)
+	for _, shape := range [][]string{
+		{"--shape", "plain", "--keys", "300", "--multiget", "10"},
+		{"--shape", "dm", "--keys", "300", "--multiget", "100"},
+		{"--shape", "raw-postings", "--keys", "100", "--multiget", "20"},
+		{"--shape", "series", "--keys", "300", "--multiget", "100"},
+	} {
+		args := append([]string{"--addr", addr, "--requests", "600", "--conns", "4", "--get-ratio", "0.5", "--rate", "3000"}, shape...)
+		line, ok, stderr := runLoadgen(t, args...)
+		if !ok || field(t, line, "wrong") != 0 || field(t, line, "errors") != 0 || field(t, line, "misses") != 0 {
+			t.Fatalf("%v: %s%s", args, line, stderr)
+		}
+		if field(t, line, "requests") != 600 || field(t, line, "gets") == 0 || field(t, line, "sets") == 0 {
+			t.Errorf("%v: %s", args, line)
+		}
+	}
+}
+
+// TestOpenLoopShowsStall has a server that holds one connection's
+// replies for 300 ms once: in an open loop every request due meanwhile
+// waits, and its latency counts from when it was due, so the stall must
+// show in the p99 (a closed loop would hide it in a single request).
+func TestOpenLoopShowsStall(t *testing.T) {
+	mc := memcachedtest.Start(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var gets atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go stallingRelay(c, mc, &gets)
+		}
+	}()
+	line, ok, stderr := runLoadgen(t, "--addr", ln.Addr().String(), "--requests", "1000", "--rate", "1000", "--keys", "100", "--conns", "4")
+	if !ok {
+		t.Fatalf("%s%s", line, stderr)
+	}
+	p99 := strings.TrimSuffix(strings.Fields(line[strings.Index(line, " p99="):])[0][len("p99="):], "us")
+	if us, err := strconv.ParseFloat(p99, 64); err != nil || us < 100_000 {
+		t.Errorf("p99 %sus, want the 300 ms stall in it: %s", p99, line)
+	}
+}
+
+// stallingRelay passes c's requests to memcached at mc and its replies
+// back, holding the reply that ends the 200th get over all connections
+// (counted in gets) for 300 ms.
+func stallingRelay(c net.Conn, mc string, gets *atomic.Int64) {
+	defer c.Close()
+	up, err := net.Dial("tcp", mc)
+	if err != nil {
+		return
+	}
+	defer up.Close()
+	go func() {
+		io.Copy(up, c)
+		up.Close()
+	}()
+	rd := bufio.NewReader(up)
+	for {
+		line, err := rd.ReadBytes('\n')
+		if err != nil {
+			return
+		}
+		if string(line) == "END\r\n" && gets.Add(1) == 200 {
+			time.Sleep(300 * time.Millisecond)
+		}
+		c.Write(line)
 	}
 }

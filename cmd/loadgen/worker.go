@@ -45,8 +45,8 @@ type worker struct {
 	// still land later, over a newer one, so the key stays unknown.
 	exact []bool
 
-	dead       bool  // the connection was given up
-	req        []int // key ids of the get in flight
+	dead       bool    // the connection was given up
+	one        request // the request in flight on a goroutine
 	line       []byte
 	want       []byte
 	big        []byte
@@ -54,19 +54,63 @@ type worker struct {
 	counters
 
 	// On an event loop (see loop.go): the connection, the request being
-	// written and the reply being read, the request in flight (setKey is
-	// the owned key a set stores, -1 for a get) and when it was sent.
-	onLoop             bool
-	gc                 *evloop.Conn
-	out                outBuf
-	reply              []byte // the rest of the reply being read
-	inFlight, finished bool
-	setKey             int
-	scan               replyScan
-	acc                []byte // a reply read in pieces
-	began              time.Time
-	sentAt             atomic.Int64 // unix nanoseconds, 0 when nothing is in flight; read by the timeout watch
-	timedOut           atomic.Bool
+	// written and the reply being read, the requests in flight (one in a
+	// closed loop, any number in an open one), and when the oldest was
+	// sent.
+	onLoop   bool
+	gc       *evloop.Conn
+	out      outBuf
+	reply    []byte // the rest of the reply being read
+	finished bool
+	pending  requests
+	scan     replyScan    // of the reply to pending.front()
+	acc      []byte       // a reply read in pieces
+	sentAt   atomic.Int64 // unix nanoseconds, 0 when nothing is in flight; read by the timeout watch
+	timedOut atomic.Bool
+	// In an open loop (--rate, see pace.go): requests sent so far, and
+	// whether the connection will send no more.
+	sent    int64
+	drained bool
+}
+
+// request is one request, sent and waiting for its reply.
+type request struct {
+	setKey int       // the owned key (index into own) a set stores; -1 for a get
+	keys   []int     // a get's key ids
+	last   []uint32  // per key of a get: the version this connection last stored, if the key is its own, when the get was sent
+	at     time.Time // when it was sent; in an open loop, when it was due
+	sent   int64     // when it was sent, in unix nanoseconds
+}
+
+// requests are a connection's requests in flight, oldest first, the order
+// their replies come back in: a ring whose slots, keys and all, are
+// reused. A pointer it returns is good until the next push.
+type requests struct {
+	slots   []request
+	head, n int
+}
+
+// push adds a request at the back and returns it to be filled in.
+func (q *requests) push() *request {
+	if q.n == len(q.slots) {
+		slots := make([]request, max(1, 2*len(q.slots)))
+		for i := range q.n {
+			slots[i] = q.slots[(q.head+i)%len(q.slots)]
+		}
+		q.slots, q.head = slots, 0
+	}
+	r := &q.slots[(q.head+q.n)%len(q.slots)]
+	q.n++
+	return r
+}
+
+// front returns the oldest request; there must be one.
+func (q *requests) front() *request { return &q.slots[q.head] }
+
+// pop drops the oldest request.
+func (q *requests) pop() {
+	q.head = (q.head + 1) % len(q.slots)
+	q.n--
 }
 
 func newWorker(id int, sh *shared) (*worker, error) {
@@ -99,7 +143,6 @@ func newWorker(id int, sh *shared) (*worker, error) {
 		rng:   rand.New(rand.NewPCG(cfg.seed, uint64(id))),
 		own:   make([]uint32, owned),
 		exact: exact,
-		req:   make([]int, 0, cfg.multiget),
 		want:  make([]byte, 0, cfg.valueSize),
 	}, nil
 }
@@ -218,18 +261,28 @@ func (w *worker) recvSet(j int) error {
 
 // get asks for multiget distinct random keys and checks every VALUE.
 func (w *worker) get() error {
-	w.sendGet()
+	w.sendGet(&w.one)
 	if err := w.wr.Flush(); err != nil {
 		return err
 	}
-	return w.recvGet()
+	return w.recvGet(&w.one)
 }
 
-// sendGet puts a get of multiget distinct random keys in the write buffer.
-func (w *worker) sendGet() {
-	w.pickKeys()
+// sendGet makes r a get of multiget distinct random keys and puts it in
+// the write buffer.
+func (w *worker) sendGet(r *request) {
+	w.pickKeys(r)
+	r.setKey = -1
+	r.last = r.last[:0]
+	for _, k := range r.keys {
+		v := uint32(0)
+		if k%w.cfg.conns == w.id {
+			v = w.own[k/w.cfg.conns]
+		}
+		r.last = append(r.last, v)
+	}
 	b := append(w.line[:0], "get"...)
-	for _, k := range w.req {
+	for _, k := range r.keys {
 		b = append(b, ' ')
 		b = append(b, w.sh.keyNames[k]...)
 	}
@@ -238,8 +291,8 @@ func (w *worker) sendGet() {
 	w.wr.Write(b)
 }
 
-// recvGet reads the reply to the get in flight and checks every VALUE.
-func (w *worker) recvGet() error {
+// recvGet reads the reply to get r and checks every VALUE.
+func (w *worker) recvGet(r *request) error {
 	next := 0 // hits come back in request order; skipped keys are misses
 	for {
 		line, err := w.readLine()
@@ -247,7 +300,7 @@ func (w *worker) recvGet() error {
 			return err
 		}
 		if bytes.Equal(line, lineEnd) {
-			w.misses += uint64(len(w.req) - next)
+			w.misses += uint64(len(r.keys) - next)
 			return nil
 		}
 		if isErrorReply(line) {
@@ -263,8 +316,8 @@ func (w *worker) recvGet() error {
 			return fmt.Errorf("get: bad VALUE line %q: %w", line, errFraming)
 		}
 		found := -1
-		for i := next; i < len(w.req); i++ {
-			if bytes.Equal(w.sh.keyNames[w.req[i]], key) {
+		for i := next; i < len(r.keys); i++ {
+			if bytes.Equal(w.sh.keyNames[r.keys[i]], key) {
 				found = i
 				break
 			}
@@ -285,24 +338,24 @@ func (w *worker) recvGet() error {
 		w.misses += uint64(found - next)
 		w.hits++
 		next = found + 1
-		w.check(w.req[found], flags, data)
+		w.check(r.keys[found], flags, data, r.last[found])
 	}
 }
 
-// pickKeys fills req with distinct random key ids.
-func (w *worker) pickKeys() {
-	w.req = w.req[:0]
-	for len(w.req) < w.cfg.multiget {
+// pickKeys fills r's keys with distinct random key ids.
+func (w *worker) pickKeys(r *request) {
+	r.keys = r.keys[:0]
+	for len(r.keys) < w.cfg.multiget {
 		k := w.rng.IntN(w.cfg.keys)
 		dup := false
-		for _, o := range w.req {
+		for _, o := range r.keys {
 			if o == k {
 				dup = true
 				break
 			}
 		}
 		if !dup {
-			w.req = append(w.req, k)
+			r.keys = append(r.keys, k)
 		}
 	}
 }
@@ -355,8 +408,10 @@ func (w *worker) readData(n int) ([]byte, error) {
 
 // check counts a value as wrong unless it is, byte for byte, a version of
 // key that may be there now. Its flags name the version; a plain value
-// names its key and version in its header as well.
-func (w *worker) check(key int, flags uint64, data []byte) {
+// names its key and version in its header as well. last is the version
+// this connection had last stored of key, if key is its own, when it
+// asked for it.
+func (w *worker) check(key int, flags uint64, data []byte, last uint32) {
 	var v uint32
 	reason := ""
 	if w.cfg.shapeName == shapePlain {
@@ -377,8 +432,8 @@ func (w *worker) check(key int, flags uint64, data []byte) {
 	}
 	if reason == "" {
 		switch {
-		case key%w.cfg.conns == w.id && w.exact[key/w.cfg.conns] && v != w.own[key/w.cfg.conns]:
-			reason = fmt.Sprintf("version %d, last stored %d", v, w.own[key/w.cfg.conns])
+		case key%w.cfg.conns == w.id && w.exact[key/w.cfg.conns] && v != last:
+			reason = fmt.Sprintf("version %d, last stored %d", v, last)
 		case v < 1 || v > w.sh.versions[key].Load():
 			// The owner publishes a version before it sends it, so anything
 			// newer was never written.
