@@ -13,6 +13,17 @@
 #      server, 500 keys (they fit memcached's 512 MB); not in the default
 #      LOADS: the four above are the comparison's yardstick
 #
+# and three shaped like a Mimir store-gateway's own cache traffic
+# (loadgen --shape; 100-key gets, 90 % gets, 8 connections, one server,
+# 10000 keys), also on request:
+#
+#   6  postings keys of 224 bytes (150-byte tenant), Mimir "dm" postings
+#      values of about 3 KB, compressed already: the proxy stores them as
+#      they are
+#   7  the same keys, raw postings lists of 10 to 50,000 references
+#      (about 23 KB on average): the proxy compresses them
+#   8  series keys (S:, at most 192 bytes), values of a few hundred bytes
+#
 # The same loadgen load runs against each target in turn, round by round,
 # with the order rotated every round so that no target always goes first.
 # For twemproxy and the proxy it also reads the server's CPU time
@@ -23,8 +34,12 @@
 # the requests loadgen completed. At the end it prints one table of the
 # medians over the rounds: throughput, CPU microseconds per request and
 # reads + writes per request, and context switches per request, with the
-# ratios proxy/twemproxy. Any wrong
-# value or protocol error seen by loadgen fails the script.
+# ratios proxy/twemproxy. A second table gives, for all three targets,
+# items (values read or written) per second, CPU microseconds per request
+# of the server loadgen talks to (for twemproxy and the proxy, plus that
+# of the memcached servers behind them) and the latency of the gets, the
+# batches, p50 and p99. Any wrong value or protocol error seen by loadgen
+# fails the script.
 #
 # Load 3 has no direct memcached figure ("n/a"): loadgen talks to one
 # address, so it cannot split a get over four servers as a client of them
@@ -34,9 +49,15 @@
 # Environment (defaults in brackets):
 #   ROUNDS [3]  DURATION [5s]: per run  KEYS [10000; 500 for load 5]  SEED [1]
 #   MEMCACHED_THREADS [2]: -t of each memcached
-#   LOADS [1 2 3 4]: the loads to measure, e.g. LOADS="1 3"
+#   LOADS [1 2 3 4]: the loads to measure, e.g. LOADS="1 3" or
+#     LOADS="6 7 8"
 #   CONNS, VALUE_SIZE, GET_RATIO, MULTIGET [per load]: when set, override
-#     that setting in every load
+#     that setting in every load (VALUE_SIZE in loads 1-5 only: the
+#     Mimir-shaped loads size their own values)
+#   RATE []: run every load in an open loop at this many requests per
+#     second over all connections (loadgen --rate): each request is sent
+#     when due, whether or not earlier replies have come, and timed from
+#     then; the second table then counts requests sent over 1 ms late
 #   LOADGEN_ARGS []: more loadgen flags, passed as they are; e.g.
 #     --event-loops 0 runs loadgen's timed phase on a goroutine per
 #     connection, as before it had event loops (it costs loadgen about
@@ -59,17 +80,23 @@ LOADGEN_ARGS=${LOADGEN_ARGS:-}
 PROXY_ARGS=${PROXY_ARGS:-}
 PROXY_BIN=${PROXY_BIN:-}
 
-# The loads: connections, value size, get ratio, keys per get, servers.
-declare -A l_conns=([1]=32 [2]=32 [3]=8 [4]=32 [5]=4)
-declare -A l_size=([1]=1024 [2]=1024 [3]=3072 [4]=1024 [5]=700000)
-declare -A l_ratio=([1]=0.9 [2]=0.9 [3]=0.9 [4]=0.5 [5]=0.95)
-declare -A l_multiget=([1]=1 [2]=10 [3]=100 [4]=1 [5]=1)
-declare -A l_servers=([1]=1 [2]=1 [3]=4 [4]=1 [5]=1)
-declare -A l_keys=([1]=10000 [2]=10000 [3]=10000 [4]=10000 [5]=500)
+RATE=${RATE:-}
+
+# The loads: connections, value size, get ratio, keys per get, servers,
+# keys, and loadgen's shape of keys and values (a value size only for
+# plain ones).
+declare -A l_conns=([1]=32 [2]=32 [3]=8 [4]=32 [5]=4 [6]=8 [7]=8 [8]=8)
+declare -A l_size=([1]=1024 [2]=1024 [3]=3072 [4]=1024 [5]=700000 [6]= [7]= [8]=)
+declare -A l_ratio=([1]=0.9 [2]=0.9 [3]=0.9 [4]=0.5 [5]=0.95 [6]=0.9 [7]=0.9 [8]=0.9)
+declare -A l_multiget=([1]=1 [2]=10 [3]=100 [4]=1 [5]=1 [6]=100 [7]=100 [8]=100)
+declare -A l_servers=([1]=1 [2]=1 [3]=4 [4]=1 [5]=1 [6]=1 [7]=1 [8]=1)
+declare -A l_keys=([1]=10000 [2]=10000 [3]=10000 [4]=10000 [5]=500 [6]=10000 [7]=10000 [8]=10000)
+declare -A l_shape=([1]=plain [2]=plain [3]=plain [4]=plain [5]=plain [6]=dm [7]=raw-postings [8]=series)
 
 die() { echo "compare: $*" >&2; exit 1; }
 
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive number, not '$ROUNDS'"
+[[ -z $RATE || $RATE =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "RATE must be a number of requests per second, not '$RATE'"
 for bin in go memcached nutcracker ss awk curl pgrep getconf; do
 	command -v "$bin" >/dev/null || die "$bin is not installed"
 done
@@ -78,12 +105,12 @@ read -ra loads <<<"$LOADS"
 ((${#loads[@]} > 0)) || die "LOADS is empty"
 seen=" "
 for l in "${loads[@]}"; do
-	[[ -n ${l_servers[$l]:-} && $l =~ ^[0-9]$ ]] || die "LOADS holds '$l': the loads are 1 2 3 4 5"
+	[[ $l =~ ^[0-9]$ && -n ${l_servers[$l]:-} ]] || die "LOADS holds '$l': the loads are 1 2 3 4 5 6 7 8"
 	[[ $seen != *" $l "* ]] || die "LOADS names load $l twice"
 	seen+="$l "
 	# Overrides from the environment apply to every load.
 	l_conns[$l]=${CONNS:-${l_conns[$l]}}
-	l_size[$l]=${VALUE_SIZE:-${l_size[$l]}}
+	[[ ${l_shape[$l]} != plain ]] || l_size[$l]=${VALUE_SIZE:-${l_size[$l]}}
 	l_ratio[$l]=${GET_RATIO:-${l_ratio[$l]}}
 	l_multiget[$l]=${MULTIGET:-${l_multiget[$l]}}
 	l_keys[$l]=${KEYS:-${l_keys[$l]}}
@@ -279,6 +306,7 @@ instance() {
 	return 0
 }
 declare -A results=() cpu_req=() rd_req=() wr_req=() cs_req=()
+declare -A items_s=() mc_req=() bp50=() bp99=() late_n=()
 
 # The machine is small and may be shared, so each run reports where the CPU
 # went: the servers' own time, loadgen's (as this shell's reaped children),
@@ -348,8 +376,31 @@ secs() { awk -v t="$1" -v hz="$HZ" 'BEGIN { printf "%.2fs", t / hz }'; }
 # field prints the value of name=value field $1 of loadgen's result line $2.
 field() { awk -v k="$1=" '{ for (i = 1; i <= NF; i++) if (index($i, k) == 1) print substr($i, length(k) + 1) }' <<<"$2"; }
 describe() {
-	awk -v l="$1" -v m="${l_multiget[$1]}" -v s="${l_size[$1]}" -v g="${l_ratio[$1]}" -v c="${l_conns[$1]}" -v n="${l_servers[$1]}" -v k="${l_keys[$1]}" \
-		'BEGIN { printf "%s: %d-key gets, %d B values, %g %% gets, %d conns, %d server%s, %d keys\n", l, m, s, g * 100, c, n, (n > 1 ? "s" : ""), k }'
+	local values
+	case ${l_shape[$1]} in
+	plain) values="${l_size[$1]} B values" ;;
+	dm) values="Mimir P2 keys (224 B), dm postings values (~3 KB)" ;;
+	raw-postings) values="Mimir P2 keys (224 B), raw postings values (~23 KB)" ;;
+	series) values="Mimir S keys (~185 B), series values (~300 B)" ;;
+	esac
+	awk -v l="$1" -v m="${l_multiget[$1]}" -v v="$values" -v g="${l_ratio[$1]}" -v c="${l_conns[$1]}" -v n="${l_servers[$1]}" -v k="${l_keys[$1]}" \
+		'BEGIN { printf "%s: %d-key gets, %s, %g %% gets, %d conns, %d server%s, %d keys\n", l, m, v, g * 100, c, n, (n > 1 ? "s" : ""), k }'
+}
+# shape_args prints load $1's loadgen flags for its keys and values, and
+# for the open loop when RATE is set.
+shape_args() {
+	if [[ ${l_shape[$1]} == plain ]]; then
+		echo "--value-size ${l_size[$1]}"
+	else
+		echo "--shape ${l_shape[$1]}"
+	fi
+	[[ -z $RATE ]] || echo "--rate $RATE"
+}
+# micros prints loadgen latency $1 (e.g. 231.5us) as a number of
+# microseconds, or dies.
+micros() {
+	[[ $1 =~ ^[0-9]+(\.[0-9]+)?us$ ]] || die "loadgen reported latency '$1'"
+	echo "${1%us}"
 }
 
 # measure runs loadgen for load $1 against target $2 in round $3, checks
@@ -357,7 +408,7 @@ describe() {
 measure() {
 	local l=$1 t=$2 r=$3 inst a tpid lpid rc n out wrong requests ops
 	local mc0 mc sv0 sv=0 lg lg0 busy0 total0 busy1 total1 other cpu per="" watched=false
-	local t0="" r0 w0 c rd wr
+	local t0="" r0 w0 c rd wr m0="" m1 mcr items late
 	inst=$(instance "$l" "$t")
 	a=${addr[$inst]}
 	local mcs=("${mc_pids[@]:0:${l_servers[$l]}}")
@@ -370,8 +421,9 @@ measure() {
 	read -r busy0 total0 < <(machine_ticks)
 	rm -f "$work/loadgen.out" "$work/loadgen.err"
 	# shellcheck disable=SC2086 # LOADGEN_ARGS is a list of flags
+	# shellcheck disable=SC2046 # shape_args prints a list of flags
 	timeout "$RUN_LIMIT" "$work/loadgen" --addr "$a" --conns "${l_conns[$l]}" --duration "$DURATION" \
-		--value-size "${l_size[$l]}" --get-ratio "${l_ratio[$l]}" --keys "${l_keys[$l]}" --multiget "${l_multiget[$l]}" --seed "$SEED" \
+		$(shape_args "$l") --get-ratio "${l_ratio[$l]}" --keys "${l_keys[$l]}" --multiget "${l_multiget[$l]}" --seed "$SEED" \
 		--wait-start "${RUN_LIMIT}s" $LOADGEN_ARGS >"$work/loadgen.out" 2>"$work/loadgen.err" &
 	tpid=$!
 	# loadgen says when its pre-population is done and waits for SIGUSR1
@@ -390,6 +442,7 @@ measure() {
 			proc_sample "${server_pid[$inst]}"
 			t0=$ps_ticks r0=$ps_reads w0=$ps_writes s0=$ps_switches
 		fi
+		m0=$(cpu_ticks "${mcs[@]}")
 		kill -USR1 "$lpid"
 	fi
 	rc=0
@@ -397,10 +450,11 @@ measure() {
 	if $watched; then
 		proc_sample "${server_pid[$inst]}"
 	fi
+	m1=$(cpu_ticks "${mcs[@]}")
 	out=$(grep -v '^loadgen: populated' "$work/loadgen.err" || true)
 	[[ -z $out ]] || echo "$out" | head -n 10 >&2
 	out=$(cat "$work/loadgen.out")
-	if ((rc != 0)) || { $watched && [[ -z $t0 ]]; }; then
+	if ((rc != 0)) || [[ -z $m0 ]]; then
 		echo "round $r load $l $t: $out" >&2
 		die "loadgen against $t ($a) failed with status $rc (wrong values, protocol errors or a timeout)"
 	fi
@@ -411,6 +465,16 @@ measure() {
 	ops=$(field ops/s "$out")
 	[[ $ops =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "loadgen against $t reported ops/s '$ops'"
 	results[$l,$t]+="$ops "
+	items=$(field items/s "$out")
+	[[ $items =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "loadgen against $t reported items/s '$items'"
+	items_s[$l,$t]+="$items "
+	bp50[$l,$t]+="$(micros "$(field batch_p50 "$out")") "
+	bp99[$l,$t]+="$(micros "$(field batch_p99 "$out")") "
+	late=$(field late "$out")
+	[[ $late =~ ^[0-9]+$ ]] || die "loadgen against $t reported late '$late'"
+	late_n[$l,$t]+="$late "
+	mcr=$(awk -v dt=$((m1 - m0)) -v n="$requests" -v hz="$HZ" 'BEGIN { printf "%.3f", dt / hz * 1e6 / n }')
+	mc_req[$l,$t]+="$mcr "
 	read -r busy1 total1 < <(machine_ticks)
 	children_ticks
 	lg=$((ticks - lg0))
@@ -425,7 +489,9 @@ measure() {
 		rd_req[$l,$t]+="$rd "
 		wr_req[$l,$t]+="$wr "
 		cs_req[$l,$t]+="$cs "
-		per="  per request (timed phase only): $t cpu=${c}us reads=$rd writes=$wr context_switches=$cs"
+		per="  per request (timed phase only): $t cpu=${c}us reads=$rd writes=$wr context_switches=$cs; memcached cpu=${mcr}us"
+	else
+		per="  per request (timed phase only): memcached cpu=${mcr}us"
 	fi
 	cpu+=" loadgen=$(secs "$lg") (whole runs, pre-population included)"
 	cpu+=" machine_busy=$(((busy1 - busy0) * 100 / (total1 - total0)))% of $NCPU CPUs"
@@ -495,4 +561,52 @@ for l in "${loads[@]}"; do
 		"$(fmt "$(median "${rd_req[$l,twemproxy]}")" '%.2f')" "$(fmt "$(median "${wr_req[$l,twemproxy]}")" '%.2f')" \
 		"$(fmt "$(median "${rd_req[$l,proxy]}")" '%.2f')" "$(fmt "$(median "${wr_req[$l,proxy]}")" '%.2f')" \
 		"$(fmt "$(median "${cs_req[$l,twemproxy]}")" '%.2f')" "$(fmt "$(median "${cs_req[$l,proxy]}")" '%.2f')"
+done
+
+echo
+if [[ -n $RATE ]]; then
+	mode="open loop at $RATE requests/s (latency from when each request was due; late: requests sent over 1 ms after)"
+else
+	mode="closed loop"
+fi
+echo "medians over $ROUNDS round(s) of $DURATION, $mode; items: values read (hits) or written (sets);"
+echo "CPU over the timed phase per request: memcached's when loadgen talks to it, else twemproxy's or the proxy's + the memcached's behind it; batch: a get of all its keys:"
+echo
+hdr="| load | items/s memcached | items/s twemproxy | items/s proxy | CPU µs/req memcached | CPU µs/req twemproxy | CPU µs/req proxy | batch p50 / p99 µs memcached | batch p50 / p99 µs twemproxy | batch p50 / p99 µs proxy |"
+sep="|---|---|---|---|---|---|---|---|---|---|"
+if [[ -n $RATE ]]; then
+	hdr+=" late memcached / twemproxy / proxy |"
+	sep+="---|"
+fi
+echo "$hdr"
+echo "$sep"
+# cell prints the median of figures $1 in format $2, or n/a when there
+# are none.
+cell() {
+	if [[ -n $1 ]]; then
+		fmt "$(median "$1")" "$2"
+	else
+		echo n/a
+	fi
+}
+for l in "${loads[@]}"; do
+	row="| $(describe "$l") |"
+	for t in "${targets[@]}"; do
+		row+=" $(cell "${items_s[$l,$t]:-}" '%.0f') |"
+	done
+	row+=" $(cell "${mc_req[$l,memcached]:-}" '%.2f') |"
+	for t in twemproxy proxy; do
+		row+=" $(cell "${cpu_req[$l,$t]:-}" '%.2f') + $(cell "${mc_req[$l,$t]:-}" '%.2f') |"
+	done
+	for t in "${targets[@]}"; do
+		if [[ -n ${bp50[$l,$t]:-} ]]; then
+			row+=" $(cell "${bp50[$l,$t]}" '%.0f') / $(cell "${bp99[$l,$t]}" '%.0f') |"
+		else
+			row+=" n/a |"
+		fi
+	done
+	if [[ -n $RATE ]]; then
+		row+=" $(cell "${late_n[$l,memcached]:-}" '%.0f') / $(cell "${late_n[$l,twemproxy]:-}" '%.0f') / $(cell "${late_n[$l,proxy]:-}" '%.0f') |"
+	fi
+	echo "$row"
 done

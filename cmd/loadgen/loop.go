@@ -69,6 +69,11 @@ func (d *loopDriver) run() {
 		return
 	}
 	go d.watch()
+	if d.sh.cfg.rate > 0 {
+		go d.pace()
+		<-d.done
+		return
+	}
 	for _, w := range d.workers {
 		if gc := w.gc; gc != nil {
 			gc.Loop().Execute(func() { // its OnTraffic sends the first request
@@ -119,8 +124,16 @@ func (d *loopDriver) OnTraffic(c *evloop.Conn) evloop.Action {
 	if w.finished {
 		return evloop.None
 	}
-	if !w.inFlight {
-		return d.next(w) // woken by run
+	open := d.sh.cfg.rate > 0
+	if w.pending.n == 0 {
+		if !open {
+			return d.next(w) // woken by run
+		}
+		if c.InboundBuffered() > 0 {
+			d.fail(w, fmt.Errorf("%d bytes with nothing asked: %w", c.InboundBuffered(), errFraming))
+			return evloop.Close
+		}
+		return evloop.None
 	}
 	// A reply read whole in one go is read where the loop read it; one
 	// that comes in pieces is gathered in w.acc, its first piece copied
@@ -136,32 +149,50 @@ func (d *loopDriver) OnTraffic(c *evloop.Conn) evloop.Action {
 		}
 		buf = w.acc
 	}
-	n := w.scan.end(buf)
-	if n == 0 {
-		if len(w.acc) == 0 {
-			w.acc = append(w.acc, in...)
+	// In an open loop several replies may have come; in a closed one the
+	// reply to the one request in flight is all there may be.
+	for {
+		n := w.scan.end(buf)
+		if n == 0 {
+			// The rest of the reply is still to come: keep what there is
+			// of it at the start of w.acc (where it may be already).
+			if len(buf) == 0 {
+				w.acc = w.acc[:0]
+			} else if len(w.acc) == 0 || &buf[0] != &w.acc[0] {
+				w.acc = append(w.acc[:0], buf...)
+			}
+			return evloop.None
 		}
-		return evloop.None // the rest of the reply is still to come
+		r := w.pending.front()
+		w.reply = buf[:n]
+		var err error
+		if r.setKey < 0 {
+			err = w.recvGet(r)
+		} else {
+			err = w.recvSet(r.setKey)
+		}
+		if err == nil && len(w.reply) > 0 {
+			err = fmt.Errorf("reply read short of its framing: %w", errFraming)
+		}
+		buf, w.reply = buf[n:], nil
+		w.completed()
+		if err == nil && w.pending.n == 0 && len(buf) > 0 {
+			err = fmt.Errorf("%d bytes after the reply: %w", len(buf), errFraming)
+		}
+		if err != nil {
+			d.fail(w, err)
+			return evloop.Close
+		}
+		if w.pending.n == 0 {
+			w.acc = w.acc[:0]
+			break
+		}
 	}
-	w.reply = buf[:n]
-	var err error
-	if w.setKey < 0 {
-		err = w.recvGet()
-	} else {
-		err = w.recvSet(w.setKey)
-	}
-	switch {
-	case err != nil:
-	case len(w.reply) > 0:
-		err = fmt.Errorf("reply read short of its framing: %w", errFraming)
-	case len(buf) > n:
-		err = fmt.Errorf("%d bytes after the reply: %w", len(buf)-n, errFraming)
-	}
-	w.reply, w.acc = nil, w.acc[:0]
-	w.completed()
-	if err != nil {
-		d.fail(w, err)
-		return evloop.Close
+	if open {
+		if w.drained {
+			d.finish(w)
+		}
+		return evloop.None
 	}
 	return d.next(w)
 }
@@ -177,8 +208,8 @@ func (d *loopDriver) ReadInto(c *evloop.Conn) []byte {
 	return w.acc[len(w.acc):cap(w.acc)]
 }
 
-// next sends the worker's next request, or finishes it when the run is
-// over.
+// next sends the worker's next request in a closed loop, or finishes it
+// when the run is over.
 func (d *loopDriver) next(w *worker) evloop.Action {
 	cfg := w.cfg
 	now := time.Now()
@@ -186,20 +217,7 @@ func (d *loopDriver) next(w *worker) evloop.Action {
 		d.finish(w)
 		return evloop.None
 	}
-	if len(w.own) == 0 || w.rng.Float64() < cfg.getRatio {
-		w.setKey = -1
-		w.sendGet()
-	} else {
-		w.setKey = w.rng.IntN(len(w.own))
-		w.sendSet(w.setKey)
-	}
-	w.wr.Flush() // into w.out
-	w.scan = replyScan{get: w.setKey < 0}
-	w.began, w.inFlight = now, true
-	w.sentAt.Store(now.UnixNano())
-	_, err := w.gc.Write(w.out.b) // the loop keeps what the socket does not take
-	w.out.b = w.out.b[:0]
-	if err != nil {
+	if err := w.send(now, now); err != nil {
 		w.completed()
 		d.fail(w, err)
 		return evloop.Close
@@ -207,17 +225,48 @@ func (d *loopDriver) next(w *worker) evloop.Action {
 	return evloop.None
 }
 
-// completed counts the request in flight as done.
+// send sends the worker's next request, a get or a set as the mix has
+// it, due at at (now, in a closed loop), and adds it to those in flight.
+func (w *worker) send(at, now time.Time) error {
+	first := w.pending.n == 0
+	r := w.pending.push()
+	if len(w.own) == 0 || w.rng.Float64() < w.cfg.getRatio {
+		w.sendGet(r)
+	} else {
+		r.setKey = w.rng.IntN(len(w.own))
+		w.sendSet(r.setKey)
+	}
+	w.wr.Flush() // into w.out
+	r.at, r.sent = at, now.UnixNano()
+	if first {
+		w.scan = replyScan{get: r.setKey < 0}
+		w.sentAt.Store(r.sent)
+	}
+	_, err := w.gc.Write(w.out.b) // the loop keeps what the socket does not take
+	w.out.b = w.out.b[:0]
+	return err
+}
+
+// completed counts the oldest request in flight as done, its latency
+// taken from when it was sent or, in an open loop, due.
 func (w *worker) completed() {
-	if w.setKey < 0 {
+	r := w.pending.front()
+	get := r.setKey < 0
+	if get {
 		w.gets++
 	} else {
 		w.sets++
 	}
 	w.requests++
-	w.latency.record(uint64(time.Since(w.began)))
-	w.inFlight = false
-	w.sentAt.Store(0)
+	w.record(uint64(time.Since(r.at)), get)
+	w.pending.pop()
+	if w.pending.n == 0 {
+		w.sentAt.Store(0)
+		return
+	}
+	next := w.pending.front()
+	w.scan = replyScan{get: next.setKey < 0}
+	w.sentAt.Store(next.sent)
 }
 
 func (d *loopDriver) OnClose(c *evloop.Conn, err error) {
@@ -225,7 +274,7 @@ func (d *loopDriver) OnClose(c *evloop.Conn, err error) {
 	if w.finished {
 		return
 	}
-	if w.inFlight {
+	if w.pending.n > 0 {
 		w.completed()
 	}
 	switch {
@@ -245,6 +294,9 @@ func (d *loopDriver) fail(w *worker, err error) {
 }
 
 func (d *loopDriver) finish(w *worker) {
+	if w.finished {
+		return
+	}
 	w.finished = true
 	w.sentAt.Store(0)
 	if d.left.Add(-1) == 0 {
