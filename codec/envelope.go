@@ -144,6 +144,29 @@ func (c *Codec) appendEncode(dst, key []byte, bindKey bool, flags uint32, value 
 	return dst, storedFlags
 }
 
+// DecodedLen returns the length and the client's flags of the value that
+// AppendDecode would append, read from the envelope's header without
+// verifying it: a reply's header can be written before the value it
+// announces is decoded behind it. ok is false when there is no header to
+// read; when AppendDecode then refuses the envelope, nothing was written.
+func (c *Codec) DecodedLen(storedFlags uint32, stored []byte) (n int, flags uint32, ok bool) {
+	if storedFlags&c.mask == 0 || len(stored) < minEnvelope || stored[0]>>versionShift != version {
+		return 0, 0, false
+	}
+	lenAt := bindOffset
+	if stored[0]&bitBound != 0 {
+		lenAt += bindingLen
+	}
+	if len(stored) <= lenAt {
+		return 0, 0, false
+	}
+	u, k := binary.Uvarint(stored[lenAt:])
+	if k <= 0 || u > maxDecodedLen {
+		return 0, 0, false
+	}
+	return int(u), c.clientFlags(storedFlags, stored[0]), true
+}
+
 // AppendDecode verifies the envelope stored upstream with storedFlags under
 // the client key, and appends the client's value to dst. It returns that
 // with the client's flags, or one of the Err values when the envelope must

@@ -43,6 +43,10 @@ func FuzzDecode(f *testing.F) {
 			if checksum(got, key, raw, nil) != binary.LittleEndian.Uint32(raw[crcOffset:]) {
 				t.Fatalf("accepted an envelope whose checksum does not match: %x", raw)
 			}
+			// What was accepted, the header announced.
+			if n, f, ok := c.DecodedLen(sf, raw); !ok || n != len(v) || f != got {
+				t.Fatalf("DecodedLen %d %d %v, decoded %d bytes, flags %d", n, f, ok, len(v), got)
+			}
 			// Accepted: a plain envelope must be byte for byte what
 			// the encoder writes for what it decoded to.
 			if again, againSF := c.AppendEncode(nil, key, bind, got, v); codecOf(raw) == CodecNone && codecOf(again) == CodecNone {
@@ -213,6 +217,9 @@ func FuzzRoundTrip(f *testing.F) {
 		v, got, err := c.AppendDecode(bytes.Clone(prefix), key, bind, sf, stored)
 		if err != nil || got != flags || !bytes.Equal(v[len(prefix):], value) || !bytes.HasPrefix(v, prefix) {
 			t.Fatalf("round trip failed: %v", err)
+		}
+		if n, f, ok := c.DecodedLen(sf, stored); c.IsEnveloped(sf) && (!ok || n != len(value) || f != flags) {
+			t.Fatalf("DecodedLen %d %d %v of a value of %d bytes, flags %d", n, f, ok, len(value), flags)
 		}
 		other := append(bytes.Clone(key), 0)
 		if _, _, err := c.AppendDecode(nil, other, bind, sf, stored); err == nil {

@@ -85,8 +85,10 @@ type loopState struct {
 	// bytes in all; made is the bytes of the chunks allocated.
 	chunks, long   [][]byte
 	longKept, made int
-	dec            []byte // a value being opened
 	sealBuf        []byte // a reply to a TLS client, before encryption
+	// arenas are arenas of slots that were longer than loopBufLimit,
+	// kept for the next long reply (see loopArenasKept).
+	arenas [][]byte
 	// now is when the loop began handling the events of its current
 	// poll: the clock is read at the first event of a poll (see clock),
 	// not per event or per request, and OnPollEnd has the next poll read
@@ -126,6 +128,13 @@ const (
 	loopBufLimit = 1 << 20
 	loopSeenKeep = 4096 // entries of a repeat table kept with a free slot
 	loopLineKeep = 1024 // bytes of a storage command's reply line kept with a free request
+
+	// loopArenasKept arenas of at most loopArenaKeep bytes that are
+	// longer than loopBufLimit are kept for long replies: a 100-key get
+	// of raw postings rebuilds megabytes, and an arena allocated for each
+	// would be zeroed and collected each time.
+	loopArenasKept = 4
+	loopArenaKeep  = 8 << 20
 
 	// loopChunksKept is how many chunks of loopChunk bytes a loop keeps
 	// for reading replies into (see loopUpstream.chunk) once no reply in
@@ -246,8 +255,11 @@ func (ls *loopState) putSlot(s *loopSlot) {
 	clear(s.reqs)
 	seen, arena := s.seen, s.arena
 	*s = loopSlot{out: s.out[:0], line: s.line[:0], keys: s.keys[:0], ends: s.ends[:0], ups: s.ups[:0], owners: s.owners[:0], reqs: s.reqs[:0]}
-	if cap(arena) <= loopBufLimit {
+	switch {
+	case cap(arena) <= loopBufLimit:
 		s.arena = arena[:0]
+	case cap(arena) <= loopArenaKeep && len(ls.arenas) < loopArenasKept:
+		ls.arenas = append(ls.arenas, arena[:0])
 	}
 	if cap(seen) <= loopSeenKeep {
 		s.seen = seen[:0]

@@ -368,14 +368,22 @@ func (s *loopSlot) answer() {
 		oc = outcomeUpstreamError // the failed requests' keys are misses
 		break
 	}
-	// Blocks that are rewritten go into the slot's arena, which may move
-	// as it grows: they are pointed at once all are in.
+	// Blocks that are rewritten go into the slot's arena, sized once for
+	// all of them (it would move as it grew): they are pointed at once
+	// all are in.
+	rewritten := func(o *loopOwner) bool {
+		return o.first == 0 && o.block != nil && (o.meta || o.bound || p.codec != nil && p.codec.IsEnveloped(o.flags) || o.hasCAS && s.id == cmdGet)
+	}
+	need := 0
 	for i := range s.owners {
-		o := &s.owners[i]
-		if o.first == 0 && o.block != nil && (o.meta || o.bound || p.codec != nil && p.codec.IsEnveloped(o.flags) || o.hasCAS && s.id == cmdGet) {
-			if !s.open(i, o) {
-				o.block = nil
-			}
+		if o := &s.owners[i]; rewritten(o) {
+			need += s.arenaNeed(i, o)
+		}
+	}
+	s.reserve(need)
+	for i := range s.owners {
+		if o := &s.owners[i]; rewritten(o) && !s.open(i, o) {
+			o.block = nil
 		}
 	}
 	var tally keyTally
@@ -420,22 +428,64 @@ func (s *loopSlot) open(i int, o *loopOwner) bool {
 		s.keep(i, o, key, o.flags, stored)
 		return true
 	}
-	ls := s.client.ls
-	v, flags, err := p.codec.AppendDecode(ls.dec[:0], key, o.bound, o.flags, stored)
-	if err != nil {
+	// The value is decoded straight into the arena, behind the header
+	// its envelope announces; a refused one takes its header back.
+	start := len(s.arena)
+	n, flags, ok := p.codec.DecodedLen(o.flags, stored)
+	if ok {
+		s.arena = appendValueHeader(s.arena, string(key), flags, n, o.cas, s.id == cmdGets)
+	}
+	at := len(s.arena)
+	out, decFlags, err := p.codec.AppendDecode(s.arena, key, o.bound, o.flags, stored)
+	if err != nil || len(out)-at != n || decFlags != flags {
+		s.arena = s.arena[:start]
 		r := codec.ReasonOf(err)
+		if err == nil {
+			r = codec.ReasonOf(codec.ErrLengthMismatch) // the codec broke its word: a miss all the same
+		}
 		p.stats.codecRefused[r&15].Add(1)
 		if r.Damaged() && p.cfg.Codec.DeleteCorrupt {
 			s.deleteCorrupt(o.zone, s.upKey(i))
 		}
 		return false
 	}
-	ls.dec = v
-	p.stats.codecReadLogical.Add(uint64(len(v)))
+	s.arena = append(out, crlf...)
+	o.arenaStart, o.arenaEnd = start, len(s.arena)
+	v := s.arena[at : at+n]
+	p.stats.codecReadLogical.Add(uint64(n))
 	p.stats.codecReadStored.Add(uint64(len(stored)))
-	s.inArena(o, key, flags, v, o.cas, s.id == cmdGets)
 	s.keep(i, o, key, flags, v)
 	return true
+}
+
+// reserve makes room for need more bytes in the slot's arena, in an arena
+// the loop kept from an earlier long reply when one is long enough.
+func (s *loopSlot) reserve(need int) {
+	if cap(s.arena)-len(s.arena) >= need {
+		return
+	}
+	ls := s.client.ls
+	if k := len(ls.arenas); k > 0 && cap(ls.arenas[k-1]) >= len(s.arena)+need {
+		a := append(ls.arenas[k-1], s.arena...)
+		ls.arenas[k-1] = nil
+		ls.arenas = ls.arenas[:k-1]
+		s.arena = a
+		return
+	}
+	s.arena = slices.Grow(s.arena, need)
+}
+
+// arenaNeed is at most what open writes into the arena for owner o's hit:
+// its VALUE line and the value, decoded when enveloped.
+func (s *loopSlot) arenaNeed(i int, o *loopOwner) int {
+	p := s.client.c.p
+	line := len(replyValue) + len(s.key(i)) + 3*20 + 4 + len(crlf)
+	if p.codec != nil {
+		if n, _, ok := p.codec.DecodedLen(o.flags, o.stored()); ok {
+			return line + n
+		}
+	}
+	return line + o.size
 }
 
 // keep puts the i-th key's hit, asked with mg, into the local tier, when
