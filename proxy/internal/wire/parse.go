@@ -14,27 +14,24 @@ import (
 // copied. At most limit words are taken; more reports true in overflow.
 func Tokenize(dst [][]byte, line []byte, limit int) (words [][]byte, overflow bool) {
 	words = dst[:0]
-	start := -1
-	for i, b := range line {
-		if b == ' ' {
-			if start >= 0 {
-				if len(words) == limit {
-					return words, true
-				}
-				words = append(words, line[start:i])
-				start = -1
-			}
+	for i := 0; i < len(line); {
+		if line[i] == ' ' {
+			i++
 			continue
 		}
-		if start < 0 {
-			start = i
+		// A word runs to the next space: found by IndexByte, which reads
+		// a 224-byte key many bytes at a time.
+		end := bytes.IndexByte(line[i:], ' ')
+		if end < 0 {
+			end = len(line)
+		} else {
+			end += i
 		}
-	}
-	if start >= 0 {
 		if len(words) == limit {
 			return words, true
 		}
-		words = append(words, line[start:])
+		words = append(words, line[i:end])
+		i = end + 1
 	}
 	return words, false
 }

@@ -320,3 +320,26 @@ func cStrtol(s string) (int32, bool) {
 	}
 	return int32(v.Int64()), true
 }
+
+// FuzzTokenize holds Tokenize to its definition: the runs of bytes other
+// than a space, the first limit of them, and overflow when there are more.
+func FuzzTokenize(f *testing.F) {
+	for _, seed := range []string{"get a b", "  get   a  ", "set\tk 0 0 1", "mg " + manyKeys(30), "P2:" + strings.Repeat("t", 150) + ":01K9WV71R0KRHMF7XDGJH23WFB:x y", ""} {
+		f.Add(seed, uint8(maxTokens-1))
+	}
+	f.Fuzz(func(t *testing.T, line string, limit uint8) {
+		all := strings.FieldsFunc(line, func(r rune) bool { return r == ' ' })
+		want, wantOverflow := all, false
+		if len(all) > int(limit) {
+			want, wantOverflow = all[:limit], true
+		}
+		words, overflow := Tokenize(nil, []byte(line), int(limit))
+		got := make([]string, len(words))
+		for i, w := range words {
+			got[i] = string(w)
+		}
+		if !slices.Equal(got, want) || overflow != wantOverflow {
+			t.Fatalf("Tokenize(%q, %d) = %q, %v; want %q, %v", line, limit, got, overflow, want, wantOverflow)
+		}
+	})
+}
