@@ -3,6 +3,7 @@ package proxy
 import (
 	"math"
 	"slices"
+	"syscall"
 	"unsafe"
 
 	"mcsidecar/proxy/internal/sockio"
@@ -31,11 +32,19 @@ func (lc *loopClient) written() {
 			}
 			break
 		}
-		st.latency[s.id].Observe(lc.ls.now.Sub(s.began).Seconds())
 		rest := s.out
 		if !s.noreply && lc.gc != nil && !lc.ls.l.abandon.Load() {
 			rest = lc.send(s.out)
+			if len(rest) > 0 && lc.gc != nil {
+				// The socket and evloop took what they take for now:
+				// the rest stays in the slot, where it is, until evloop
+				// holds less (see full).
+				s.out = rest
+				lc.charge(s, bufsLen(rest))
+				continue
+			}
 		}
+		st.latency[s.id].Observe(lc.ls.now.Sub(s.began).Seconds())
 		lc.charge(s, 0) // given to the socket, to evloop, or to the goroutine path
 		if lc.hand != nil && !s.noreply && len(rest) > 0 {
 			rest = slices.Clone(rest)
@@ -95,27 +104,23 @@ func (lc *loopClient) full() bool {
 }
 
 // loopCopyMax is the most bytes of a reply the loop copies into evloop's
-// buffer when the client's socket does not take it all at once. A longer
-// rest goes to the goroutine path with the connection, which writes it
-// from the buffers it is in.
+// buffer at a time when the client's socket does not take it all at once.
+// A longer rest stays in its slot, in the buffers it is in, and is given
+// a part at a time as evloop writes the one before (see written and
+// full): a slow reader of a long reply costs no copy of all of it.
 const loopCopyMax = 256 << 10
 
 // send writes a reply: straight to the socket when nothing waits before
 // it, and what the socket does not take into evloop's buffer, which writes
-// it once the socket has room. It returns nil, or the rest of a reply too
-// long to copy, for which it has begun to hand the connection over.
+// it once the socket has room, up to loopCopyMax bytes. It returns the
+// rest it did not give, or nil.
 func (lc *loopClient) send(out [][]byte) [][]byte {
 	if lc.tls != nil {
 		lc.sendTLS(out)
 		return nil
 	}
-	n, rest, ok := lc.put(out, loopCopyMax)
+	n, rest, _ := lc.put(out, loopCopyMax)
 	lc.c.p.stats.bytesWritten.Add(uint64(n))
-	if !ok || len(rest) == 0 {
-		return nil
-	}
-	lc.handoff = true
-	lc.gc.Close() // closed() starts the handover
 	return rest
 }
 
@@ -159,35 +164,46 @@ func (lc *loopClient) putSealed() {
 
 // put writes bufs straight to the socket when evloop holds none of the
 // client's bytes, and gives evloop the rest the socket does not take, up to
-// copyMax bytes; when evloop holds some, it gives evloop all. It returns how
-// many bytes it wrote or gave evloop and the rest it did not, or ok false
-// when the write failed, which closes the connection.
+// copyMax bytes; when evloop holds some, it gives evloop up to copyMax. It
+// returns how many bytes it wrote or gave evloop and the rest it did not,
+// or ok false when the write failed, which closes the connection.
 func (lc *loopClient) put(bufs [][]byte, copyMax int) (n int, rest [][]byte, ok bool) {
 	gc := lc.gc
-	if gc.OutboundBuffered() > 0 {
-		if lc.counted && bufsLen(bufs) > copyMax {
-			return 0, bufs, true
+	if gc.OutboundBuffered() == 0 {
+		var err error
+		var iov []syscall.Iovec
+		bufs, n, iov, err = sockio.WriteSome(gc.Fd(), bufs, lc.iov)
+		lc.iov = iov
+		if err != nil {
+			lc.closing = true
+			gc.Close()
+			return n, nil, false
 		}
-		n, _ = gc.Writev(bufs)
-		lc.keep(bufs)
-		return n, nil, true
 	}
-	rest, n, iov, err := sockio.WriteSome(gc.Fd(), bufs, lc.iov)
-	lc.iov = iov
-	if err != nil {
-		lc.closing = true
-		gc.Close()
-		return n, nil, false
+	give, rest := cutBufs(bufs, copyMax)
+	if len(give) > 0 {
+		m, _ := gc.Writev(give)
+		lc.keep(give)
+		n += m
 	}
-	left := bufsLen(rest)
-	if left > copyMax {
-		return n, rest, true
+	return n, rest, true
+}
+
+// cutBufs splits bufs after its first n bytes, in the middle of a buffer
+// if need be. rest is a slice of bufs, whose first buffer it may shorten.
+func cutBufs(bufs [][]byte, n int) (head, rest [][]byte) {
+	for i, b := range bufs {
+		if n == 0 {
+			return bufs[:i:i], bufs[i:]
+		}
+		if len(b) > n {
+			head = append(bufs[:i:i], b[:n])
+			bufs[i] = b[n:]
+			return head, bufs[i:]
+		}
+		n -= len(b)
 	}
-	if left > 0 {
-		gc.Writev(rest)
-		lc.keep(rest)
-	}
-	return n + left, nil, true
+	return bufs, nil
 }
 
 // detach copies the upstream replies of slot s out of the chunks they

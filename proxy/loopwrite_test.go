@@ -82,11 +82,11 @@ func TestEventLoopHeldClientThatLeavesIsGone(t *testing.T) {
 }
 
 // TestEventLoopLongRepliesInOrder gets a 900 KiB value, longer than the
-// loop copies, many times over sockets that do not take it at once: one
-// get at a time, pipelined and read slowly, and pipelined and read in
-// bursts. Replies the loop holds back and the reply that moves the
-// connection to a goroutine must all arrive, whole and in order, with the
-// reply of a version after them.
+// loop copies at a time, many times over sockets that do not take it at
+// once: one get at a time, pipelined and read slowly, and pipelined and
+// read in bursts. Replies the loop holds back and replies it gives a part
+// at a time must all arrive, whole and in order, with the reply of a
+// version after them, and no connection leaves the loop.
 func TestEventLoopLongRepliesInOrder(t *testing.T) {
 	cfg := loopConfig(startMemcached(t))
 	cfg.Timeout = 10 * time.Second // 54 MB of replies, under the race detector too
@@ -141,6 +141,9 @@ func TestEventLoopLongRepliesInOrder(t *testing.T) {
 	})
 	if got := newLineClient(t, addr).do("version\r\n"); got != "VERSION mcsidecar-test\r\n" {
 		t.Fatalf("the proxy after: %q", got)
+	}
+	if n := loopHandovers(p); n != 0 {
+		t.Errorf("%d connections left the loop for long replies", n)
 	}
 }
 

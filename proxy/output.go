@@ -75,9 +75,14 @@ func (lc *loopClient) outputFull(n int) bool {
 
 // waits reports whether a client held back must wait on: evloop holds too
 // many of its replies (full), or the retrieval it was held back at does
-// not fit yet, at what it would be charged now.
+// not fit yet, at what it would be charged now, and no reply of its is
+// ready to be written, as the rest of a long one given a part at a time.
 func (lc *loopClient) waits() bool {
-	return lc.full() || lc.need > 0 && !lc.fits(lc.estimate(lc.need))
+	if lc.full() {
+		return true
+	}
+	ready := len(lc.slots) > 0 && lc.slots[0].pending == 0
+	return lc.need > 0 && !ready && !lc.fits(lc.estimate(lc.need))
 }
 
 // charge sets what slot s is charged against its client to n bytes.
