@@ -86,6 +86,9 @@ type loopState struct {
 	chunks, long   [][]byte
 	longKept, made int
 	sealBuf        []byte // a reply to a TLS client, before encryption
+	// ending are the clients that ended their side and are owed replies
+	// (see readEnd).
+	ending []*loopClient
 	// arenas are arenas of slots that were longer than loopBufLimit,
 	// kept for the next long reply (see loopArenasKept).
 	arenas [][]byte
@@ -440,6 +443,9 @@ func (l *eventLoops) OnPollEnd(el *evloop.Loop) {
 		ls.clock()
 		ls.resumeHeld() // what they ask goes out below
 	}
+	if len(ls.ending) > 0 {
+		ls.finishEnded()
+	}
 	for again := true; again; {
 		again = false
 		for _, u := range ls.upList {
@@ -449,6 +455,18 @@ func (l *eventLoops) OnPollEnd(el *evloop.Loop) {
 		}
 	}
 	ls.nowTaken = false
+}
+
+// OnReadEnd keeps a plain client that ended its side until it has its
+// replies (see readEnd); an upstream server, or a TLS client, that ends
+// its side is closed.
+func (l *eventLoops) OnReadEnd(gc *evloop.Conn) evloop.Action {
+	lc, ok := gc.Context().(*loopClient)
+	if !ok || lc.tls != nil {
+		return evloop.Close
+	}
+	lc.ls.clock()
+	return lc.readEnd()
 }
 
 func (l *eventLoops) OnClose(gc *evloop.Conn, err error) {
@@ -522,5 +540,8 @@ func (ls *loopState) check() {
 			// do not count), as on the goroutine path.
 			lc.closeIdle()
 		}
+	}
+	if len(ls.ending) > 0 {
+		ls.finishEnded()
 	}
 }

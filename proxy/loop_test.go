@@ -164,7 +164,7 @@ func TestEventLoopKeepsGetsAndSets(t *testing.T) {
 	if n := loopHandovers(p); n != 1 {
 		t.Errorf("%d handovers, want 1", n)
 	}
-	const exported = `# HELP mcsidecar_client_connections_handed_over_total Client connections moved from an event loop to the goroutine path: at the first command the loop does not answer, or at a half-close with replies owed.
+	const exported = `# HELP mcsidecar_client_connections_handed_over_total Client connections moved from an event loop to the goroutine path: at the first command the loop does not answer, or at the end of a TLS client's side with replies owed.
 # TYPE mcsidecar_client_connections_handed_over_total counter
 mcsidecar_client_connections_handed_over_total 1
 `

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"io"
+	"slices"
 	"syscall"
 	"time"
 
@@ -20,6 +21,7 @@ type loopClient struct {
 	handoff, closing bool
 	hangUp           bool // the command handed over is an HTTP request
 	quit             bool // the client sent quit: the connection closes, nothing more is read
+	ended            bool // the client ended its side: it closes once answered (see readEnd)
 	inProcess        bool // process is running: replies made meanwhile are written when it ends
 	inTraffic        bool // in the client's own OnTraffic, which closes it by its return
 	writing          bool // written is running
@@ -233,6 +235,46 @@ func (lc *loopClient) process() {
 	if len(lc.slots) > 0 && lc.slots[0].pending == 0 {
 		lc.written() // replies made here: version, a request to an ejected server
 	}
+}
+
+// readEnd handles the end of a client's side, as memcached does: the
+// requests read before it are answered, and the connection closes once
+// their replies are written; a request begun and not ended is dropped.
+// The client stays on the loop meanwhile. A connection on its way to the
+// goroutine path moves as it would have, and the goroutine sees the end.
+func (lc *loopClient) readEnd() evloop.Action {
+	lc.ended = true
+	if lc.answeredAll() {
+		lc.closing = true
+		return evloop.Close
+	}
+	lc.ls.ending = append(lc.ls.ending, lc)
+	return evloop.None
+}
+
+// answeredAll reports whether a client that ended its side has nothing
+// more coming: no reply owed or held back, evloop holds none of its bytes,
+// and it is not moving. No whole request is left then: process answers
+// every one unless a reply is owed or it is held.
+func (lc *loopClient) answeredAll() bool {
+	return len(lc.slots) == 0 && !lc.held && !lc.handoff && lc.gc.OutboundBuffered() == 0
+}
+
+// finishEnded closes the clients that ended their side and have been
+// answered, at the end of a poll, when the last of their bytes may have
+// been written, and at each tick.
+func (ls *loopState) finishEnded() {
+	ls.ending = slices.DeleteFunc(ls.ending, func(lc *loopClient) bool {
+		if _, open := ls.clients[lc]; !open || lc.gc == nil {
+			return true
+		}
+		if lc.handoff || !lc.answeredAll() {
+			return lc.handoff // a move ends it in the goroutine path
+		}
+		lc.closing = true
+		lc.gc.Close()
+		return true
+	})
 }
 
 // resumeHeld resumes the clients held back that evloop has written enough

@@ -67,7 +67,7 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 		refusedConn: prometheus.NewDesc(ns+"_client_connections_refused_total", "Client connections closed at accept because the proxy was at --max-connections.", nil, nil),
 		idleClosed:  prometheus.NewDesc(ns+"_client_connections_idle_closed_total", "Client connections closed after --idle-timeout without a complete request.", nil, nil),
 		outClosed:   prometheus.NewDesc(ns+"_client_output_limit_closed_total", "Client connections closed after --idle-timeout with replies they had not read waiting in the proxy: held by an event loop (at --max-client-output-bytes, or for a socket that took no more), or in a write that did not finish on the goroutine path. Counted in the idle closes too.", nil, nil),
-		handedOver:  prometheus.NewDesc(ns+"_client_connections_handed_over_total", "Client connections moved from an event loop to the goroutine path: at the first command the loop does not answer, or at a half-close with replies owed.", nil, nil),
+		handedOver:  prometheus.NewDesc(ns+"_client_connections_handed_over_total", "Client connections moved from an event loop to the goroutine path: at the first command the loop does not answer, or at the end of a TLS client's side with replies owed.", nil, nil),
 		readPauses:  prometheus.NewDesc(ns+"_client_read_pauses_total", "Times an event loop stopped reading a client's socket because the client had sent more requests than the loop lets wait (4 MiB) while replies were owed; reading resumes once half of them are answered.", nil, nil),
 		bytesIn:     prometheus.NewDesc(ns+"_client_read_bytes_total", "Bytes read from clients.", nil, nil),
 		bytesOut:    prometheus.NewDesc(ns+"_client_written_bytes_total", "Bytes written to clients.", nil, nil),

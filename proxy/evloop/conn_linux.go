@@ -32,6 +32,7 @@ type Conn struct {
 
 	watchOut bool // epoll reports when the socket can be written
 	paused   bool // the socket is not read (see PauseReading)
+	ended    bool // the peer ended its side (see ReadEnder)
 	closing  bool // close has begun: OnClose is running or has run
 }
 
@@ -244,7 +245,7 @@ func (c *Conn) PauseReading() { c.setPaused(true) }
 func (c *Conn) ResumeReading() { c.setPaused(false) }
 
 func (c *Conn) setPaused(paused bool) {
-	if c.fd < 0 || c.closing || c.paused == paused {
+	if c.fd < 0 || c.closing || c.paused == paused || c.ended {
 		return
 	}
 	if err := c.loop.interest(c, c.watchOut, paused); err != nil {
@@ -331,6 +332,15 @@ func (c *Conn) read() {
 		return
 	case err != nil:
 		c.close(os.NewSyscallError("read", err))
+		return
+	case n == 0 && l.readEnd != nil:
+		// Nothing more comes: a level-triggered poll would report the
+		// end again and again.
+		c.setPaused(true)
+		c.ended = true
+		if c.fd >= 0 && !c.closing && l.readEnd.OnReadEnd(c) == Close {
+			c.close(os.NewSyscallError("read", io.EOF))
+		}
 		return
 	case n == 0:
 		c.close(os.NewSyscallError("read", io.EOF))

@@ -62,6 +62,15 @@ type ReadIntoer interface {
 	ReadInto(c *Conn) []byte
 }
 
+// ReadEnder is a Handler that is told when the peer ends its side of a
+// connection (a read finds the end of the stream) instead of the
+// connection closing then: it may still write to the peer, and closes the
+// connection when it is done, or at once by returning Close. The socket is
+// not read again: ResumeReading does nothing after the end.
+type ReadEnder interface {
+	OnReadEnd(c *Conn) Action
+}
+
 // Config says how many loops to run and how they treat their sockets.
 type Config struct {
 	// Loops is the number of event loops, at least 1.

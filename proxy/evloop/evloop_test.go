@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -437,6 +438,61 @@ func TestPausedConnectionIsNotReadUntilResumed(t *testing.T) {
 		t.Error("a paused connection reports that it is read")
 	}
 	receive("two")
+}
+
+// endHandler is a handler that is told of a peer's end (ReadEnder).
+type endHandler struct {
+	handler
+	end func(c *Conn) Action
+}
+
+func (h *endHandler) OnReadEnd(c *Conn) Action { return h.end(c) }
+
+// TestReadEndLeavesTheConnectionToWriteOn half-closes a client: a handler
+// told of the end still writes, and the client sees the end only once the
+// handler closes; a handler that answers Close at the end closes at once.
+func TestReadEndLeavesTheConnectionToWriteOn(t *testing.T) {
+	ended := make(chan *Conn, 1)
+	h := &endHandler{
+		handler: handler{traffic: func(c *Conn) Action {
+			c.Discard(len(c.Peek()))
+			return None
+		}},
+		end: func(c *Conn) Action {
+			c.Write([]byte("after the end"))
+			ended <- c
+			return None
+		},
+	}
+	e := start(t, Config{Loops: 1}, h)
+	client, _ := pair(t, e, nil, nil)
+	client.Write([]byte("request"))
+	client.(*net.TCPConn).CloseWrite()
+	var c *Conn
+	select {
+	case c = <-ended:
+	case <-time.After(bound):
+		t.Fatal("the end was not reported")
+	}
+	got := make([]byte, len("after the end"))
+	client.SetDeadline(time.Now().Add(bound))
+	if _, err := io.ReadFull(client, got); err != nil || string(got) != "after the end" {
+		t.Fatalf("read %q (%v) after the end", got, err)
+	}
+	on(t, c.Loop(), func() { c.ResumeReading() }) // does nothing after the end
+	client.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if n, err := client.Read(got); n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("before the handler closed: read %d bytes (%v), want to wait", n, err)
+	}
+	on(t, c.Loop(), c.Close)
+	client.SetReadDeadline(time.Now().Add(bound))
+	readsEOF(t, client, "")
+
+	h.end = func(*Conn) Action { return Close }
+	client, _ = pair(t, e, nil, nil)
+	client.(*net.TCPConn).CloseWrite()
+	client.SetDeadline(time.Now().Add(bound))
+	readsEOF(t, client, "")
 }
 
 // closeRecorder records the OnClose calls of a test.

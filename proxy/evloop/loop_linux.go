@@ -30,6 +30,7 @@ type Loop struct {
 	h        Handler
 	pollEnd  PollEnder  // h, when it is one
 	readInto ReadIntoer // h, when it is one
+	readEnd  ReadEnder  // h, when it is one
 	noDelay  bool
 	log      *slog.Logger
 
@@ -64,6 +65,7 @@ func newLoop(cfg *Config, h Handler) (*Loop, error) {
 	}
 	l.pollEnd, _ = h.(PollEnder)
 	l.readInto, _ = h.(ReadIntoer)
+	l.readEnd, _ = h.(ReadEnder)
 	var err error
 	if l.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
 		return nil, os.NewSyscallError("epoll_create1", err)
