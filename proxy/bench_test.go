@@ -269,6 +269,19 @@ func BenchmarkTenantCounters(b *testing.B) {
 			}
 		})
 	}
+	// The keys of a 100-key get of one tenant, as the loop finds them.
+	long := []byte("P2:" + strings.Repeat("t", 150) + ":" + testBlock + ":am9iOmFwaQ")
+	p.tenants.counters(c.resolve(long, needTenant).tenant)
+	b.Run("100 keys of one tenant", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var run tenantRun
+			for range 100 {
+				run.counters(p.tenants, c.resolve(long, needTenant).tenant)
+			}
+			run.end()
+		}
+	})
 }
 
 // BenchmarkLatencyObserve measures what timing a request costs on the

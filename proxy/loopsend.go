@@ -28,6 +28,8 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 	}
 	var ups [4]*loopUpstream // each request's server; more than four are rare
 	reqUps := ups[:0]
+	var run tenantRun
+	defer run.end()
 	for i, k := range keys {
 		// A key named again is fetched once and answered as often as it
 		// was named, as memcached does.
@@ -35,7 +37,7 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 		s.keys = append(s.keys, k...)
 		s.ends = append(s.ends, len(s.keys))
 		rk := c.resolve(k, need)
-		o := loopOwner{first: first + 1, tenant: p.tenants.counters(rk.tenant), bound: rk.bound, immutable: rk.immutable}
+		o := loopOwner{first: first + 1, tenant: run.counters(p.tenants, rk.tenant), bound: rk.bound, immutable: rk.immutable}
 		if rk.bound {
 			o.upStart = len(s.ups)
 			s.ups = append(s.ups, rk.up...)
