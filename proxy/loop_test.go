@@ -105,6 +105,12 @@ func TestEventLoopKeepsGetsAndSets(t *testing.T) {
 		{"get\r\n", "ERROR\r\n"},
 		{"stats items\r\n", "END\r\n"},
 		{"stats nosuch\r\n", "ERROR\r\n"},
+		{"get loop:1 " + strings.Repeat("k", 251) + "\r\n", "CLIENT_ERROR bad command line format\r\n"},
+		{"delete " + strings.Repeat("k", 251) + "\r\n", "CLIENT_ERROR bad command line format\r\n"},
+		{"delete loop:2 5\r\n", "CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n"},
+		{"touch loop:2 soon\r\n", "CLIENT_ERROR invalid exptime argument\r\n"},
+		{"incr n many\r\n", "CLIENT_ERROR invalid numeric delta argument\r\n"},
+		{"incr n many noreply\r\nversion\r\n", "VERSION mcsidecar-test\r\n"},
 	} {
 		if got := c.do(tc.req); got != tc.want {
 			t.Errorf("%q answered %q, want %q", tc.req, got, tc.want)

@@ -13,6 +13,13 @@ import (
 func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 	c := lc.c
 	for _, k := range keys {
+		if ok, _ := c.checkKey(k); !ok {
+			// Refused whole, as the goroutine path refuses it.
+			lc.local(id, func() { c.checkKeys(id, keys) })
+			return true
+		}
+	}
+	for _, k := range keys {
 		if !lc.validKey(k) {
 			return false
 		}
@@ -232,15 +239,22 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 	noreply := bytes.Equal(w[len(w)-1], noreplyWord)
 	var arg []byte
 	var delta uint64
+	// A request the goroutine path's handler refuses before it asks
+	// memcached anything (a key or an argument it does not take) is
+	// answered by that handler, in its place.
+	local := !lc.validKey(key)
 	switch id {
 	case cmdDelete:
 		holdZero := len(w) > 2 && bytes.Equal(w[2], []byte("0"))
 		if !(len(w) == 2 || len(w) == 3 && (holdZero || noreply) || len(w) == 4 && holdZero && noreply) {
-			return false
+			local = true
 		}
 	case cmdTouch:
 		exptime, ok := wire.ParseInt32(w[2])
-		if !ok || len(w) == 4 && !noreply {
+		switch {
+		case !ok:
+			local = true
+		case len(w) == 4 && !noreply && !local:
 			return false
 		}
 		arg = strconv.AppendInt(lc.c.scratch[:0], int64(exptime), 10)
@@ -249,12 +263,15 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 		// The number of an enveloped value is changed by a
 		// read-modify-write, on the goroutine path.
 		var ok bool
-		if delta, ok = wire.ParseUint64(w[2]); !ok || lc.c.envelopes(key, 0) || lc.rewritten(key) {
+		if delta, ok = wire.ParseUint64(w[2]); !ok {
+			local = true
+		} else if !local && (lc.c.envelopes(key, 0) || lc.rewritten(key)) {
 			return false
 		}
 	}
-	if !lc.validKey(key) {
-		return false
+	if local {
+		lc.local(id, func() { commands[id].run(lc.c, w) })
+		return true
 	}
 	up := lc.c.resolve(key, 0).up
 	lc.command(id, up, noreply, loopWrite{}, func(out []byte, tag uint32) []byte {
