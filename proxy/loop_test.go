@@ -111,6 +111,13 @@ func TestEventLoopKeepsGetsAndSets(t *testing.T) {
 		{"touch loop:2 soon\r\n", "CLIENT_ERROR invalid exptime argument\r\n"},
 		{"incr n many\r\n", "CLIENT_ERROR invalid numeric delta argument\r\n"},
 		{"incr n many noreply\r\nversion\r\n", "VERSION mcsidecar-test\r\n"},
+		{"flush_all soon\r\n", "CLIENT_ERROR invalid exptime argument\r\n"},
+		{"flush_all 0\r\n", "OK\r\n"},
+		{"get loop:1 loop:2 n\r\n", "END\r\n"},
+		{"set loop:2 7 0 6\r\nloop:2\r\nflush_all noreply\r\nget loop:2\r\n", "STORED\r\n"},
+		{"", "END\r\n"},
+		{"set loop:2 7 0 6\r\nloop:2\r\n", "STORED\r\n"},
+		{"set loop:3 7 0 6\r\nloop:3\r\n", "STORED\r\n"},
 	} {
 		if got := c.do(tc.req); got != tc.want {
 			t.Errorf("%q answered %q, want %q", tc.req, got, tc.want)

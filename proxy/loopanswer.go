@@ -236,6 +236,10 @@ func (s *loopSlot) finish() {
 func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 	p := s.client.c.p
 	st := p.stats
+	if s.id == cmdFlushAll {
+		s.flushedOne(r, reply, err)
+		return
+	}
 	if err == nil && isServerError(reply) {
 		r.srv.CountServerError()
 	}

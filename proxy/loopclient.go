@@ -469,6 +469,14 @@ func (lc *loopClient) request(data []byte) (int, bool) {
 		}
 		lc.local(cmd.id, func() { cmd.run(c, words) })
 		return i + 1, true
+	case cmdFlushAll:
+		// After the replies owed, as on the goroutine path: what the
+		// client asked before it is answered as before it.
+		if len(lc.slots) > 0 {
+			return 0, true
+		}
+		lc.flushAll(words)
+		return i + 1, true
 	case cmdQuit:
 		// The connection closes once the replies owed are written; what
 		// evloop still holds to write, or a TLS session's end, the

@@ -1,0 +1,116 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"strconv"
+
+	"mcsidecar/proxy/internal/wire"
+)
+
+// flushAll sends flush_all, with the client's delay, to every server of
+// every zone (of the local zone only with --zone-writes=local), as the
+// goroutine path does, and answers once every server has. Reads that
+// overlap it keep and fill nothing (see writeGuard). A delay it does not
+// take is refused by the goroutine path's handler, in the reply's place.
+func (lc *loopClient) flushAll(w [][]byte) {
+	c, p := lc.c, lc.c.p
+	noreply := bytes.Equal(w[len(w)-1], noreplyWord)
+	want := 1
+	if noreply {
+		want = 2
+	}
+	var delay int32
+	withDelay := len(w) != want
+	if withDelay {
+		var ok bool
+		if delay, ok = wire.ParseInt32(w[1]); !ok {
+			lc.local(cmdFlushAll, func() { commands[cmdFlushAll].run(c, w) })
+			return
+		}
+	}
+	req := append(lc.c.scratch[:0], "flush_all"...)
+	if withDelay {
+		req = strconv.AppendInt(append(req, ' '), int64(delay), 10)
+	}
+	req = append(req, crlf...)
+	lc.c.scratch = req
+	p.flushing(delay, withDelay)
+	s := lc.ls.slot(lc, cmdFlushAll)
+	s.noreply = noreply
+	lc.slots = append(lc.slots, s)
+	zones := p.zones
+	if p.cfg.ZoneWrites == zoneWritesLocal {
+		zones = zones[:1]
+	}
+	s.pending = 1 // until every request is sent: one may fail at once
+	for z, zone := range zones {
+		for _, srv := range zone.up.Load().Servers {
+			u := lc.ls.upstream(srv)
+			r := lc.ls.req(s)
+			r.store, r.srv, r.zone, r.expect = true, srv, z, wire.ReplyOK
+			s.reqs = append(s.reqs, r)
+			s.pending++
+			if u.admit(r) {
+				u.out = append(u.out, req...)
+				u.q.push(r)
+			}
+		}
+	}
+	s.flushedOne(nil, nil, nil)
+}
+
+// flushedOne takes one server's reply to flush_all (r nil: the sending is
+// done), and answers once every server's is in: OK when every server of
+// the local zone said so, or, when one of those failed, every server of
+// another zone; otherwise the first failure of the local zone.
+func (s *loopSlot) flushedOne(r *loopReq, reply []byte, err error) {
+	p := s.client.c.p
+	if r != nil {
+		r.err, r.buf = err, append(r.buf[:0], reply...)
+		if err == nil && isServerError(reply) {
+			r.srv.CountServerError()
+		}
+	}
+	if s.pending--; s.pending > 0 {
+		return
+	}
+	p.flushed()
+	nz := 1
+	if p.cfg.ZoneWrites != zoneWritesLocal {
+		nz = len(p.zones)
+	}
+	failed := make([]*loopReq, nz) // each zone's first failure
+	for _, q := range s.reqs {
+		if failed[q.zone] == nil && (q.err != nil || !bytes.Equal(q.buf, replyOK)) {
+			failed[q.zone] = q
+		}
+	}
+	answer := -1
+	for z, f := range failed {
+		if f != nil && len(p.zones) > 1 {
+			p.zones[z].writeFailures.Add(1)
+		}
+		if f == nil && answer < 0 {
+			answer = z
+		}
+	}
+	s.pending = 1
+	switch f := failed[0]; {
+	case answer >= 0:
+		p.stats.record(cmdFlushAll, outcomeOK)
+		s.out = append(s.out, replyOK)
+	case f.err != nil:
+		line, oc := upstreamReply(f.err)
+		p.stats.record(cmdFlushAll, oc)
+		s.out = append(s.out, line)
+	default:
+		// A line other than OK: memcached's own error line is relayed,
+		// any other answered as a failed server, as on the goroutine
+		// path, whose error quotes the line.
+		line, oc := upstreamReply(fmt.Errorf("unexpected reply: %q", f.buf))
+		p.stats.record(cmdFlushAll, oc)
+		s.out = append(s.out, line)
+	}
+	s.release()
+}
