@@ -93,14 +93,20 @@ func (c *conn) touch(w [][]byte) error {
 	return nil
 }
 
+// deleteForm reports whether delete's words are a form memcached takes:
+// the key, then "0" (the old hold time), noreply, or both in that order.
+func deleteForm(w [][]byte) bool {
+	holdZero := len(w) > 2 && bytes.Equal(w[2], []byte("0"))
+	noreply := bytes.Equal(w[len(w)-1], noreplyWord)
+	return len(w) == 2 || len(w) == 3 && (holdZero || noreply) || len(w) == 4 && holdZero && noreply
+}
+
 // delete answers delete. Like memcached it still takes the old "delete
 // <key> 0" form, and nothing else after the key but noreply.
 func (c *conn) delete(w [][]byte) error {
 	if len(w) > 2 {
-		holdZero := bytes.Equal(w[2], []byte("0"))
 		c.noreply = bytes.Equal(w[len(w)-1], noreplyWord)
-		valid := len(w) == 3 && (holdZero || c.noreply) || len(w) == 4 && holdZero && c.noreply
-		if !valid {
+		if !deleteForm(w) {
 			return c.clientError(cmdDelete, replyBadDeleteUsage)
 		}
 	}
@@ -127,19 +133,11 @@ func (c *conn) delete(w [][]byte) error {
 // flushAll sends flush_all, with the client's delay, to every server. It
 // answers OK only when every server did.
 func (c *conn) flushAll(w [][]byte) error {
-	c.noreply = bytes.Equal(w[len(w)-1], noreplyWord)
 	var delay int32
-	withDelay := false
-	want := 1
-	if c.noreply {
-		want = 2
-	}
-	if len(w) != want {
-		var ok bool
-		if delay, ok = wire.ParseInt32(w[1]); !ok {
-			return c.clientError(cmdFlushAll, replyBadExptime)
-		}
-		withDelay = true
+	var withDelay, ok bool
+	delay, withDelay, c.noreply, ok = parseFlushAll(w)
+	if !ok {
+		return c.clientError(cmdFlushAll, replyBadExptime)
 	}
 	// Reads that overlap it keep and fill nothing (see writeGuard).
 	c.p.flushing(delay, withDelay)
@@ -147,10 +145,7 @@ func (c *conn) flushAll(w [][]byte) error {
 	// Every server of every zone at once (of the local zone only with
 	// --zone-writes=local). OK when every server of the local zone said
 	// so, or, when one of those failed, every server of another zone.
-	zones := c.p.zones
-	if c.p.cfg.ZoneWrites == zoneWritesLocal {
-		zones = zones[:1]
-	}
+	zones := c.p.flushZones()
 	servers := make([][]*upstream.Server, len(zones))
 	errs := make([][]error, len(zones))
 	var wg sync.WaitGroup
@@ -188,6 +183,21 @@ func (c *conn) flushAll(w [][]byte) error {
 	c.p.stats.record(cmdFlushAll, outcomeOK)
 	c.reply(replyOK)
 	return nil
+}
+
+// parseFlushAll reads flush_all's words: an optional delay, then an
+// optional noreply. ok is false for a delay memcached does not take.
+func parseFlushAll(w [][]byte) (delay int32, withDelay, noreply, ok bool) {
+	noreply = bytes.Equal(w[len(w)-1], noreplyWord)
+	want := 1
+	if noreply {
+		want = 2
+	}
+	if len(w) == want {
+		return 0, false, noreply, true
+	}
+	delay, ok = wire.ParseInt32(w[1])
+	return delay, true, noreply, ok
 }
 
 // quit closes the connection once earlier replies are written.

@@ -532,8 +532,7 @@ func (ls *loopState) check() {
 			// (only the idle clock ends it, as on the goroutine path).
 			// Nor before evloop wrote all: it would drop the rest.
 			if lc.gc.OutboundBuffered() == 0 {
-				lc.closing = true
-				lc.gc.Close()
+				lc.closeSelf()
 			}
 		case idle > 0 && now.Sub(lc.last) > idle:
 			// No request completed for that long (bytes that make none

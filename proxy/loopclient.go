@@ -237,6 +237,13 @@ func (lc *loopClient) process() {
 	}
 }
 
+// closeSelf closes the connection as the loop's own decision: nothing is
+// handed over, whatever is owed (see closed).
+func (lc *loopClient) closeSelf() {
+	lc.closing = true
+	lc.gc.Close()
+}
+
 // readEnd handles the end of a client's side, as memcached does: the
 // requests read before it are answered, and the connection closes once
 // their replies are written; a request begun and not ended is dropped.
@@ -271,8 +278,7 @@ func (ls *loopState) finishEnded() {
 		if lc.handoff || !lc.answeredAll() {
 			return lc.handoff // a move ends it in the goroutine path
 		}
-		lc.closing = true
-		lc.gc.Close()
+		lc.closeSelf()
 		return true
 	})
 }
@@ -336,8 +342,7 @@ func (lc *loopClient) processHeld() {
 		return
 	}
 	if lc.quit && !lc.inTraffic {
-		lc.closing = true
-		lc.gc.Close()
+		lc.closeSelf()
 		return
 	}
 	lc.unread = lc.buffered()

@@ -9,25 +9,16 @@ import (
 )
 
 // flushAll sends flush_all, with the client's delay, to every server of
-// every zone (of the local zone only with --zone-writes=local), as the
-// goroutine path does, and answers once every server has. Reads that
-// overlap it keep and fill nothing (see writeGuard). A delay it does not
-// take is refused by the goroutine path's handler, in the reply's place.
+// the zones it reaches (see flushZones), as the goroutine path does, and
+// answers once every server has. Reads that overlap it keep and fill
+// nothing (see writeGuard). A delay it does not take is refused by the
+// goroutine path's handler, in the reply's place.
 func (lc *loopClient) flushAll(w [][]byte) {
 	c, p := lc.c, lc.c.p
-	noreply := bytes.Equal(w[len(w)-1], noreplyWord)
-	want := 1
-	if noreply {
-		want = 2
-	}
-	var delay int32
-	withDelay := len(w) != want
-	if withDelay {
-		var ok bool
-		if delay, ok = wire.ParseInt32(w[1]); !ok {
-			lc.local(cmdFlushAll, func() { commands[cmdFlushAll].run(c, w) })
-			return
-		}
+	delay, withDelay, noreply, ok := parseFlushAll(w)
+	if !ok {
+		lc.local(cmdFlushAll, func() { commands[cmdFlushAll].run(c, w) })
+		return
 	}
 	req := append(lc.c.scratch[:0], "flush_all"...)
 	if withDelay {
@@ -39,12 +30,8 @@ func (lc *loopClient) flushAll(w [][]byte) {
 	s := lc.ls.slot(lc, cmdFlushAll)
 	s.noreply = noreply
 	lc.slots = append(lc.slots, s)
-	zones := p.zones
-	if p.cfg.ZoneWrites == zoneWritesLocal {
-		zones = zones[:1]
-	}
 	s.pending = 1 // until every request is sent: one may fail at once
-	for z, zone := range zones {
+	for z, zone := range p.flushZones() {
 		for _, srv := range zone.up.Load().Servers {
 			u := lc.ls.upstream(srv)
 			r := lc.ls.req(s)
@@ -76,11 +63,7 @@ func (s *loopSlot) flushedOne(r *loopReq, reply []byte, err error) {
 		return
 	}
 	p.flushed()
-	nz := 1
-	if p.cfg.ZoneWrites != zoneWritesLocal {
-		nz = len(p.zones)
-	}
-	failed := make([]*loopReq, nz) // each zone's first failure
+	failed := make([]*loopReq, len(p.flushZones())) // each zone's first failure
 	for _, q := range s.reqs {
 		if failed[q.zone] == nil && (q.err != nil || !bytes.Equal(q.buf, replyOK)) {
 			failed[q.zone] = q
@@ -113,4 +96,13 @@ func (s *loopSlot) flushedOne(r *loopReq, reply []byte, err error) {
 		s.out = append(s.out, line)
 	}
 	s.release()
+}
+
+// flushZones are the zones flush_all reaches: every zone, or the local
+// one only with --zone-writes=local.
+func (p *Proxy) flushZones() []*zone {
+	if p.cfg.ZoneWrites == zoneWritesLocal {
+		return p.zones[:1]
+	}
+	return p.zones
 }

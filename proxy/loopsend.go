@@ -245,10 +245,7 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 	local := !lc.validKey(key)
 	switch id {
 	case cmdDelete:
-		holdZero := len(w) > 2 && bytes.Equal(w[2], []byte("0"))
-		if !(len(w) == 2 || len(w) == 3 && (holdZero || noreply) || len(w) == 4 && holdZero && noreply) {
-			local = true
-		}
+		local = local || !deleteForm(w)
 	case cmdTouch:
 		exptime, ok := wire.ParseInt32(w[2])
 		switch {

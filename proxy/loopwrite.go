@@ -139,8 +139,7 @@ func (lc *loopClient) sendTLS(out [][]byte) {
 		lc.ls.sealBuf = nil
 	}
 	if _, err := t.conn.Write(plain); err != nil {
-		lc.closing = true
-		lc.gc.Close()
+		lc.closeSelf()
 		return
 	}
 	lc.c.p.stats.bytesWritten.Add(uint64(len(plain)))
@@ -175,8 +174,7 @@ func (lc *loopClient) put(bufs [][]byte, copyMax int) (n int, rest [][]byte, ok 
 		bufs, n, iov, err = sockio.WriteSome(gc.Fd(), bufs, lc.iov)
 		lc.iov = iov
 		if err != nil {
-			lc.closing = true
-			gc.Close()
+			lc.closeSelf()
 			return n, nil, false
 		}
 	}

@@ -81,22 +81,9 @@ func TestAgainstMemcached(t *testing.T) {
 // wrong, now and then, among good replies: loadgen must count them.
 func TestFindsWrongValues(t *testing.T) {
 	mc := memcachedtest.Start(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go corruptingRelay(c, mc)
-		}
-	}()
+	addr := serveRelay(t, func(c net.Conn) { corruptingRelay(c, mc) })
 	for _, mode := range [][]string{{"--event-loops", "-1"}, {"--event-loops", "0"}, {"--rate", "4000"}} {
-		line, ok, _ := runLoadgen(t, append([]string{"--addr", ln.Addr().String(), "--requests", "2000", "--keys", "200", "--conns", "4", "--get-ratio", "0.9"}, mode...)...)
+		line, ok, _ := runLoadgen(t, append([]string{"--addr", addr, "--requests", "2000", "--keys", "200", "--conns", "4", "--get-ratio", "0.9"}, mode...)...)
 		if ok || field(t, line, "wrong") == 0 {
 			t.Errorf("%v: a corrupted value went unnoticed: %s", mode, line)
 		}
@@ -577,22 +564,9 @@ func TestOpenLoop(t *testing.T) {
 // show in the p99 (a closed loop would hide it in a single request).
 func TestOpenLoopShowsStall(t *testing.T) {
 	mc := memcachedtest.Start(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	var gets atomic.Int64
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go stallingRelay(c, mc, &gets)
-		}
-	}()
-	line, ok, stderr := runLoadgen(t, "--addr", ln.Addr().String(), "--requests", "1000", "--rate", "1000", "--keys", "100", "--conns", "4")
+	addr := serveRelay(t, func(c net.Conn) { stallingRelay(c, mc, &gets) })
+	line, ok, stderr := runLoadgen(t, "--addr", addr, "--requests", "1000", "--rate", "1000", "--keys", "100", "--conns", "4")
 	if !ok {
 		t.Fatalf("%s%s", line, stderr)
 	}
@@ -600,6 +574,27 @@ func TestOpenLoopShowsStall(t *testing.T) {
 	if us, err := strconv.ParseFloat(p99, 64); err != nil || us < 100_000 {
 		t.Errorf("p99 %sus, want the 300 ms stall in it: %s", p99, line)
 	}
+}
+
+// serveRelay listens on a free loopback port until the test ends and
+// hands each connection to relay, and returns the address.
+func serveRelay(t *testing.T, relay func(c net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go relay(c)
+		}
+	}()
+	return ln.Addr().String()
 }
 
 // stallingRelay passes c's requests to memcached at mc and its replies
