@@ -498,7 +498,7 @@ func (ls *loopState) check() {
 			u.abort(net.ErrClosed)
 			delete(ls.ups, srv)
 			ls.upList = slices.DeleteFunc(ls.upList, func(x *loopUpstream) bool { return x == u })
-		case u.sent > 0 && now.Sub(u.q.front().began) > p.cfg.Timeout:
+		case u.sent > 0 && now.Sub(u.q.front().waitFrom) > p.cfg.Timeout:
 			// The oldest request written was not answered in time: the
 			// timeout bounds every upstream request, however its reply
 			// trickles in.

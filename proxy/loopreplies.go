@@ -52,6 +52,9 @@ func (u *loopUpstream) replies() {
 			u.sent--
 		}
 		u.joined = joined // its array serves the next reply
+		if u.sent > 0 {
+			u.q.front().waitFrom = u.ls.now // its reply may begin now
+		}
 		if !r.store && !r.meta && len(r.asked) <= loopJoinKeys {
 			// A mean over about the last eight replies to requests
 			// that may join a line.

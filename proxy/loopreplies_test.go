@@ -529,3 +529,43 @@ func TestEventLoopLongValuesReuseChunks(t *testing.T) {
 		}
 	})
 }
+
+// TestLoopRetrievalBehindTimedOutReplyAskedAgain: a get pipelined on the
+// loop's connection behind another client's get whose reply does not come
+// in time is not that client's failure: when the timeout closes the
+// connection, the get behind, whose reply had not begun, is asked again on
+// a new one and answered, while the get that timed out misses.
+func TestLoopRetrievalBehindTimedOutReplyAskedAgain(t *testing.T) {
+	relay := startHoldRelay(t, startMemcached(t))
+	cfg := loopConfig(relay.addr)
+	cfg.Timeout = 200 * time.Millisecond
+	_, addr := startProxy(t, cfg)
+	setup := newLineClient(t, addr)
+	setup.do("set slow 0 0 1\r\ns\r\n")
+	setup.do("set fast 0 0 1\r\nf\r\n")
+
+	relay.holdReplies()
+	a, b := dial(t, addr), dial(t, addr)
+	io.WriteString(a, "get slow\r\n")
+	if !relay.waitHeld("VALUE slow", false) {
+		t.Fatal("memcached's reply to the first get never reached the relay")
+	}
+	io.WriteString(b, "get fast\r\n")
+	if !relay.waitHeld("VALUE fast", false) {
+		t.Fatal("the second get did not follow the first on its connection")
+	}
+	relay.mu.Lock()
+	relay.replies = false // a new connection is not held
+	relay.mu.Unlock()
+
+	for _, c := range []struct {
+		conn net.Conn
+		want string
+	}{{a, "END\r\n"}, {b, "VALUE fast 0 1\r\nf\r\nEND\r\n"}} {
+		c.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		got, err := readReply(bufio.NewReader(c.conn))
+		if err != nil || got != c.want {
+			t.Errorf("got %q (%v), want %q", got, err, c.want)
+		}
+	}
+}

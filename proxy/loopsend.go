@@ -150,7 +150,7 @@ func (s *loopSlot) ask(u *loopUpstream, r *loopReq) {
 		}
 	}
 	u.q.push(r)
-	if s.zone == 0 {
+	if s.zone == 0 && !r.retried {
 		// Counted as the goroutine path counts: its reads of other
 		// zones are not.
 		u.srv.CountGet(len(r.asked), joined)

@@ -51,9 +51,17 @@ type loopReq struct {
 	drop  uint8
 	zone  int // the zone a dropAlign request brings in line
 	began time.Time
-	asked []int  // owner indexes, in the order the keys were asked
-	buf   []byte // the reply, which the owners' blocks point into
-	err   error
+	// waitFrom is when memcached could begin the reply: the request's
+	// write, or the end of the reply before it. The upstream timeout runs
+	// from here, so that no request is charged with the replies ahead of
+	// it on the connection.
+	waitFrom time.Time
+	// retried: the request was asked again on a new connection once, after
+	// the one it was written to failed before its reply began (see fail).
+	retried bool
+	asked   []int  // owner indexes, in the order the keys were asked
+	buf     []byte // the reply, which the owners' blocks point into
+	err     error
 	// joined is how many requests after this one in the queue share its
 	// get line (see loopUpstream.join); share, the chunk buf is in.
 	joined int
@@ -189,7 +197,7 @@ func (u *loopUpstream) flush() {
 	u.batches++
 	batch := u.q.all()[u.sent:]
 	for _, r := range batch {
-		r.began = u.ls.now // the upstream timeout runs from here
+		r.began, r.waitFrom = u.ls.now, u.ls.now
 	}
 	batch[len(batch)-1].ends = true
 	u.sent = u.q.len()
@@ -264,11 +272,20 @@ func (u *loopUpstream) fail(err error) {
 	u.q, u.sent, u.out = reqQueue{}, 0, u.out[:0] // what answering q queues goes to a new array
 	u.join, u.batchErr, u.batches = nil, nil, 0
 	u.dropChunk()
-	for _, r := range q {
-		if r.drop > 0 {
+	// The first request, and those sharing its get line, are the reply
+	// that failed; a retrieval behind them had no byte of its reply read,
+	// and is asked once more, on a new connection, as the goroutine path
+	// sends a batch again whose replies had not begun.
+	first := 1 + q[0].joined
+	for i, r := range q {
+		switch {
+		case r.drop > 0:
 			u.ls.l.p.countDropped(r, nil, err)
 			u.dropped(r)
-		} else {
+		case i >= first && !r.store && !r.retried:
+			r.retried, r.joined, r.ends = true, 0, false
+			r.slot.ask(u, r)
+		default:
 			r.done(nil, err)
 		}
 	}
