@@ -71,7 +71,10 @@ func Start(t testing.TB) string {
 	for range 5 {
 		addr := FreeAddr(t)
 		_, port, _ := net.SplitHostPort(addr)
-		cmd := exec.Command(bin, "-l", "127.0.0.1", "-p", port, "-U", "0", "-t", "1", "-m", "16", "-u", "nobody")
+		// 64 MB, memcached's default: each slab class of large values
+		// takes a 1 MB page, and a load of values of many sizes (raw
+		// postings) evicts some under 16 MB.
+		cmd := exec.Command(bin, "-l", "127.0.0.1", "-p", port, "-U", "0", "-t", "1", "-m", "64", "-u", "nobody")
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
