@@ -242,7 +242,11 @@ func (ls *loopState) putReq(r *loopReq) {
 	if cap(buf) > loopLineKeep {
 		buf = nil
 	}
-	*r = loopReq{asked: r.asked[:0], buf: buf, key: r.key[:0]}
+	asked, key := r.asked[:0], r.key[:0]
+	if cap(asked) > loopSeenKeep || cap(key) > loopBufLimit {
+		asked, key = nil, nil // grown by a get of unusually many keys
+	}
+	*r = loopReq{asked: asked, buf: buf, key: key}
 	if len(ls.reqs) < loopFreeMax {
 		ls.reqs = append(ls.reqs, r)
 	}
@@ -258,6 +262,10 @@ func (ls *loopState) putSlot(s *loopSlot) {
 	clear(s.reqs)
 	seen, arena := s.seen, s.arena
 	*s = loopSlot{out: s.out[:0], line: s.line[:0], keys: s.keys[:0], ends: s.ends[:0], ups: s.ups[:0], owners: s.owners[:0], reqs: s.reqs[:0]}
+	if cap(s.owners) > loopSeenKeep || cap(s.keys) > loopBufLimit || cap(s.ups) > loopBufLimit || cap(s.out) > loopSeenKeep || cap(s.line) > loopBufLimit {
+		// Grown by a get of unusually many keys: a free slot stays small.
+		*s = loopSlot{}
+	}
 	switch {
 	case cap(arena) <= loopBufLimit:
 		s.arena = arena[:0]

@@ -45,6 +45,12 @@ type loopSlot struct {
 	// charge is what the slot is charged against its client's
 	// --max-client-output-bytes (see output.go).
 	charge int
+	// A gat or gats: its keys are touched with exptime (see
+	// getAndTouch), a key named again is a miss when expireNow, and a
+	// key refused after the keys asked makes the reply CLIENT_ERROR
+	// (refuse).
+	touch, expireNow, refuse bool
+	exptime                  int32
 }
 
 // loopWrite is what a storage command's write adds to the byte counters
@@ -55,6 +61,9 @@ type loopWrite struct {
 	size      int
 	enveloped bool
 	logical   int
+	// refused: the write is the delete of the old value of a set refused
+	// as too large (see tooLarge), which counts as nothing itself.
+	refused bool
 }
 
 // loopSeed seeds the hashes of the keys a retrieval looks for repeats of.
@@ -222,6 +231,7 @@ func (s *loopSlot) finish() {
 	// item, which the reply waits for.
 	s.pending = 1
 	s.answer()
+	s.touchOtherZones()
 	s.client.made(s)
 	// Only what the client got as a hit is filled: answer made a refused
 	// envelope a miss. The fill goes upstream in OnPollEnd, after the
@@ -280,11 +290,15 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 	p.wroteOf(s.ups)
 	if err != nil {
 		line, oc := upstreamReply(err)
-		st.record(s.id, oc)
+		if !s.write.refused {
+			st.record(s.id, oc)
+		}
 		s.out = append(s.out, line)
 	} else {
 		oc := replyOutcome(reply)
-		st.record(s.id, oc)
+		if !s.write.refused {
+			st.record(s.id, oc)
+		}
 		if w := s.write; oc == outcomeStored {
 			if w.enveloped {
 				s.client.c.countStored(w.logical, w.size)
@@ -356,6 +370,11 @@ func (s *loopSlot) matchMeta(r *loopReq) {
 func (s *loopSlot) answer() {
 	p := s.client.c.p
 	st := p.stats
+	if s.refuse {
+		st.record(s.id, outcomeClientError)
+		s.out = append(s.out, replyBadFormat)
+		return
+	}
 	oc := outcomeOK
 	for i := range s.owners {
 		o := &s.owners[i]
@@ -390,12 +409,17 @@ func (s *loopSlot) answer() {
 			o.block = nil
 		}
 	}
-	var tally keyTally
+	tally := keyTally{touch: s.touch}
 	for i := range s.owners {
 		o := &s.owners[i]
 		src := o // the owner whose block answers: the same key named earlier, or o
 		if o.first > 0 {
 			src = &s.owners[o.first-1]
+			if s.expireNow {
+				// memcached expired the item as it answered it.
+				tally.add(o.tenant, false)
+				continue
+			}
 		}
 		block := src.block // o.block stays memcached's, which a fill stores
 		if src.arenaEnd > 0 {
@@ -428,7 +452,7 @@ func (s *loopSlot) open(i int, o *loopOwner) bool {
 	if p.codec == nil || !p.codec.IsEnveloped(o.flags) {
 		// A plain value whose header names a CAS the client's get did
 		// not ask for, or an mg reply.
-		s.inArena(o, key, o.flags, stored, o.cas, s.id == cmdGets)
+		s.inArena(o, key, o.flags, stored, o.cas, s.id == cmdGets || s.id == cmdGats)
 		s.keep(i, o, key, o.flags, stored)
 		return true
 	}
@@ -437,7 +461,7 @@ func (s *loopSlot) open(i int, o *loopOwner) bool {
 	start := len(s.arena)
 	n, flags, ok := p.codec.DecodedLen(o.flags, stored)
 	if ok {
-		s.arena = appendValueHeader(s.arena, string(key), flags, n, o.cas, s.id == cmdGets)
+		s.arena = appendValueHeader(s.arena, string(key), flags, n, o.cas, s.id == cmdGets || s.id == cmdGats)
 	}
 	at := len(s.arena)
 	out, decFlags, err := p.codec.AppendDecode(s.arena, key, o.bound, o.flags, stored)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"io"
+	"net/netip"
 	"slices"
 	"syscall"
 	"time"
@@ -19,7 +20,7 @@ type loopClient struct {
 	// handoff asks OnClose to hand the connection to the goroutine path;
 	// closing marks a close the loop asked for itself.
 	handoff, closing bool
-	hangUp           bool // the command handed over is an HTTP request
+	hangUp           bool // the command read is an HTTP request
 	quit             bool // the client sent quit: the connection closes, nothing more is read
 	ended            bool // the client ended its side: it closes once answered (see readEnd)
 	inProcess        bool // process is running: replies made meanwhile are written when it ends
@@ -43,6 +44,9 @@ type loopClient struct {
 	// or 0. evloop gathers a long value from many reads, and parsing it
 	// after each would copy all of it that came so far each time.
 	want int
+	// skip is how many bytes of a data block still to come are dropped:
+	// the rest of a value refused as too large (see tooLarge).
+	skip int
 	// pend, over plain TCP, is instead the first request buffered when
 	// it is a storage command of at least loopPendMin bytes whose value
 	// is still arriving and half of which has come: the bytes come so
@@ -96,18 +100,17 @@ func (lc *loopClient) traffic() evloop.Action {
 		return evloop.None // a write failed and closed the connection
 	}
 	if lc.quit {
-		lc.closing = true
-		return evloop.Close
+		return lc.leave()
 	}
 	lc.unread = lc.buffered()
 	switch {
 	case readErr == nil:
-	case readErr == io.EOF && (len(lc.slots) > 0 || lc.unread > 0 || lc.counted && lc.gc.OutboundBuffered() > 0):
+	case readErr == io.EOF && (len(lc.slots) > 0 || lc.unread > 0 || lc.gc.OutboundBuffered() > 0):
 		// The client ended its TLS session after requests not all
-		// answered: as a plain client that half-closes, the connection
-		// moves to the goroutine path once the loop's replies are
-		// written, which answers the rest and then sees the end.
-		lc.handoff = true
+		// answered: as a plain client that half-closes, it is answered,
+		// and its session ended once the replies are written.
+		lc.gc.PauseReading()
+		return lc.readEnd()
 	default:
 		// Ended with nothing owed, or broken: closed at once.
 		lc.closing = true
@@ -125,6 +128,9 @@ func (lc *loopClient) traffic() evloop.Action {
 // they are down to half, or once nothing is owed or held: then what is
 // buffered is the start of a request, whose rest must be read.
 func (lc *loopClient) pace() {
+	if lc.quit || lc.ended {
+		return // nothing more is read (see leave and readEnd)
+	}
 	waiting := len(lc.slots) > 0 || lc.held
 	switch reading := lc.gc.Reading(); {
 	case reading && waiting && lc.unread > loopUnreadMax:
@@ -170,7 +176,7 @@ func handle(gc *evloop.Conn, t *loopTLS, n int) {
 // inBlock reports whether the first request buffered is a storage
 // command whose value is still arriving (see want and pend). A shutdown
 // lets it come, as on the goroutine path.
-func (lc *loopClient) inBlock() bool { return lc.want > 0 || lc.pend != nil }
+func (lc *loopClient) inBlock() bool { return lc.want > 0 || lc.pend != nil || lc.skip > 0 }
 
 // buffered is how many request bytes arrived and are not handled yet.
 func (lc *loopClient) buffered() int {
@@ -183,7 +189,7 @@ func (lc *loopClient) buffered() int {
 // process answers the whole requests buffered, until it meets one it
 // hands over.
 func (lc *loopClient) process() {
-	if lc.handoff || lc.inProcess {
+	if lc.handoff || lc.inProcess || lc.quit {
 		return
 	}
 	if lc.waits() {
@@ -203,19 +209,21 @@ func (lc *loopClient) process() {
 		return
 	}
 	data := unhandled(lc.gc, lc.tls)
-	off := 0
+	off := min(lc.skip, len(data)) // the rest of a data block refused
+	lc.skip -= off
 	for off < len(data) && len(lc.slots) < loopMaxSlots {
 		n, ok := lc.request(data[off:])
 		if !ok {
 			lc.handoff = true
-			if lc.hangUp {
-				// memcached hangs up on an HTTP request without sending
-				// the replies to the commands read with it.
-				for _, s := range lc.slots[first:] {
-					s.noreply = true
-				}
-			}
 			break
+		}
+		if lc.hangUp {
+			// memcached hangs up on an HTTP request without sending the
+			// replies to the commands read with it.
+			for _, s := range lc.slots[first:] {
+				s.noreply = true
+			}
+			lc.hangUp = false
 		}
 		if n == 0 {
 			break // wants more bytes
@@ -230,6 +238,9 @@ func (lc *loopClient) process() {
 		if off > len(lc.pend) { // not only the start of a request
 			lc.last = lc.ls.now
 		}
+	}
+	if cap(lc.c.words) > shrinkKeep {
+		lc.c.words = nil // grown by a get of unusually many keys
 	}
 	lc.inProcess = false
 	if len(lc.slots) > 0 && lc.slots[0].pending == 0 {
@@ -251,11 +262,28 @@ func (lc *loopClient) closeSelf() {
 // goroutine path moves as it would have, and the goroutine sees the end.
 func (lc *loopClient) readEnd() evloop.Action {
 	lc.ended = true
-	if lc.answeredAll() {
+	if lc.answeredAll() && lc.tls == nil {
 		lc.closing = true
 		return evloop.Close
 	}
 	lc.ls.ending = append(lc.ls.ending, lc)
+	return evloop.None
+}
+
+// leave closes a client that quit, or broke memcached's framing, or sent
+// an HTTP request, once the replies owed are written: at once, when they
+// are, returning Close for a callback to return; otherwise its socket is
+// read no more and finishEnded closes it once they are.
+func (lc *loopClient) leave() evloop.Action {
+	if lc.answeredAll() && lc.tls == nil {
+		lc.closing = true
+		return evloop.Close
+	}
+	if !lc.ended {
+		lc.ended = true
+		lc.gc.PauseReading()
+		lc.ls.ending = append(lc.ls.ending, lc)
+	}
 	return evloop.None
 }
 
@@ -277,6 +305,15 @@ func (ls *loopState) finishEnded() {
 		}
 		if lc.handoff || !lc.answeredAll() {
 			return lc.handoff // a move ends it in the goroutine path
+		}
+		if t := lc.tls; t != nil && !t.ended {
+			// The session ends as the goroutine path ends it: with
+			// close_notify, written before the connection closes.
+			t.ended = true
+			t.conn.CloseWrite()
+			if lc.putSealed(); lc.gc == nil || lc.gc.OutboundBuffered() > 0 {
+				return lc.gc == nil
+			}
 		}
 		lc.closeSelf()
 		return true
@@ -342,7 +379,9 @@ func (lc *loopClient) processHeld() {
 		return
 	}
 	if lc.quit && !lc.inTraffic {
-		lc.closeSelf()
+		if lc.leave() == evloop.Close {
+			lc.closeSelf()
+		}
 		return
 	}
 	lc.unread = lc.buffered()
@@ -358,8 +397,8 @@ func (lc *loopClient) processHeld() {
 // client's requests one after the other):
 //   - every request waits for a write tried zone by zone, or an add to
 //     every zone, whose reply comes once the zones are in line;
-//   - a write waits for a get or gets, which may yet ask another zone
-//     for a key the local one lacks.
+//   - a write waits for a get, gets, gat or gats, which may yet ask
+//     another zone for a key the local one lacks.
 //
 // A request held is parsed again once the client's replies are written.
 func (lc *loopClient) zoneHeld(id int) bool {
@@ -376,7 +415,7 @@ func (lc *loopClient) zoneHeld(id int) bool {
 		return false
 	}
 	for _, s := range lc.slots {
-		if s.pending > 0 && (s.id == cmdGet || s.id == cmdGets) {
+		if s.pending > 0 && (s.id == cmdGet || s.id == cmdGets || s.touch) {
 			return true
 		}
 	}
@@ -432,18 +471,22 @@ func (lc *loopClient) request(data []byte) (int, bool) {
 	c := lc.c
 	i := bytes.IndexByte(data, '\n')
 	if i < 0 {
-		return 0, len(data) <= lineLimit
+		if unframed(data, c.p.keyLine) || len(data) >= int(c.p.cfg.MaxRequestLine) {
+			// As the goroutine path does: the replies owed are written,
+			// and the connection closed.
+			c.p.log.Warn("client connection closed", "remote", peerOf(lc.gc.Fd()), "err", errLineTooLong)
+			lc.quit = true
+		}
+		return 0, true
 	}
-	line := data[:i]
-	if len(line) == 0 || line[len(line)-1] != '\r' || bytes.IndexByte(line, 0) >= 0 {
-		return 0, false
-	}
-	cmd, words, v := parseLine(c.words, line[:len(line)-1])
+	cmd, words, v := parseLine(c.words, commandLine(data[:i]))
 	c.words = words
 	switch v {
 	case verdictClose:
-		lc.hangUp = true
-		return 0, false
+		// memcached hangs up without the replies to the commands read
+		// with it, or to it: those before them are written first.
+		lc.hangUp, lc.quit = true, true
+		return 0, true
 	case verdictUnknown:
 		lc.local(cmdUnknown, func() { c.clientError(cmdUnknown, replyError) })
 		return i + 1, true
@@ -460,6 +503,11 @@ func (lc *loopClient) request(data []byte) (int, bool) {
 			return 0, true // parsed again once the client has read
 		}
 		return i + 1, lc.retrieve(cmd.id, words[1:])
+	case cmdGat, cmdGats:
+		if lc.outputFull(len(words) - 2) {
+			return 0, true // parsed again once the client has read
+		}
+		return i + 1, lc.getAndTouch(cmd.id, words)
 	case cmdSet, cmdAdd, cmdReplace, cmdAppend, cmdPrepend, cmdCas:
 		return lc.store(cmd.id, words, data, i+1)
 	case cmdDelete, cmdTouch, cmdIncr, cmdDecr:
@@ -483,15 +531,8 @@ func (lc *loopClient) request(data []byte) (int, bool) {
 		lc.flushAll(words)
 		return i + 1, true
 	case cmdQuit:
-		// The connection closes once the replies owed are written; what
-		// evloop still holds to write, or a TLS session's end, the
-		// goroutine path writes.
-		if len(lc.slots) > 0 {
-			return 0, true
-		}
-		if lc.tls != nil || lc.gc.OutboundBuffered() > 0 {
-			return 0, false
-		}
+		// The connection closes once the replies owed are written (see
+		// leave).
 		c.p.stats.record(cmdQuit, outcomeOK)
 		lc.quit = true
 		return i + 1, true
@@ -534,4 +575,16 @@ func (lc *loopClient) validKey(key []byte) bool {
 func (lc *loopClient) rewritten(key []byte) bool {
 	ks := lc.c.p.keys
 	return ks != nil && ks.NeedsRewrite(key)
+}
+
+// peerOf names the peer of socket fd, for a log line.
+func peerOf(fd int) string {
+	sa, _ := syscall.Getpeername(fd)
+	switch a := sa.(type) {
+	case *syscall.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port)).String()
+	case *syscall.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port)).String()
+	}
+	return ""
 }

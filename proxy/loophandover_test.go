@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -220,4 +221,77 @@ func sendGetsUnread(t *testing.T, c net.Conn, done func() bool) int {
 		}
 	}
 	return sent
+}
+
+// TestEventLoopAnswersOddLinesItself: lines memcached reads without the
+// '\r' or cut at a NUL, a line it will not frame, an HTTP request and a
+// quit while evloop holds replies are answered on the loop, byte for byte
+// as memcached answers them, and no connection leaves it.
+func TestEventLoopAnswersOddLinesItself(t *testing.T) {
+	mc := startMemcached(t)
+	p, addr := startProxy(t, loopConfig(mc))
+	exchange(t, addr, "set odd 0 0 3\r\nabc\r\n")
+	for _, chunks := range [][]string{
+		{"get odd\n", "gets odd\x00ignored\r\n", "set odd2 0 0 1\nx\r\nget odd2\n"},
+		{"verbosity 1\x00 2\r\n", "get odd\r\n", "get " + strings.Repeat("k", 300) + "\n"},
+		{"get odd\r\n", "set " + strings.Repeat("x", 3000)},
+		{"get odd\r\n", "GET / HTTP/1.1\r\nHost: x\r\n\r\n"},
+		{"set odd3 0 0 1\r\nv\r\nGET / HTTP/1.1\r\n"},
+		{"get odd\r\nquit\r\nget odd\r\n"},
+		// Values over the size limit, their blocks in one read and in
+		// many: refused, the old value gone, the block dropped.
+		{"set odd 0 0 2000000\r\n" + strings.Repeat("y", 2000000) + "\r\nget odd\r\n"},
+		{"set odd4 0 0 1\r\nv\r\n", "set odd4 0 0 1048577 noreply\r\n" + strings.Repeat("y", 5000),
+			strings.Repeat("z", 1048577-5000) + "\r\nget odd4\r\n", "add odd4 0 0 3000000\r\n", strings.Repeat("w", 3000002), "get odd4\r\n"},
+	} {
+		want := exchange(t, mc, chunks...)
+		if got := exchange(t, addr, chunks...); got != want {
+			t.Errorf("%.60q: proxy answered %.200q, memcached %.200q", chunks, got, want)
+		}
+	}
+	if n := loopHandovers(p); n != 0 {
+		t.Errorf("%d connections left the loop", n)
+	}
+
+	// quit after a reply too long for the socket: evloop holds the rest,
+	// written before the connection closes.
+	want := setBig(t, addr, 900<<10)
+	c := dialSmallWindow(t, addr)
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, "get big\r\nquit\r\n")
+	time.Sleep(100 * time.Millisecond) // the loop answers while nothing is read
+	if got, err := io.ReadAll(c); err != nil || string(got) != want {
+		t.Errorf("get then quit: %d bytes (%v), want the %d of the reply, then the end", len(got), err, len(want))
+	}
+	if n := loopHandovers(p); n != 0 {
+		t.Errorf("%d connections left the loop", n)
+	}
+}
+
+// TestEventLoopAnswersGatItself: gat and gats are answered on the loop,
+// byte for byte as memcached answers them: hits, misses and repeats, an
+// exptime that expires the item at once, a key refused after keys that
+// are touched, no keys, a bad exptime, and the new time to live read back.
+func TestEventLoopAnswersGatItself(t *testing.T) {
+	mc := startMemcached(t)
+	p, addr := startProxy(t, loopConfig(mc))
+	const setup = "set ga 1 0 1\r\nA\r\nset gb 2 0 2\r\nBB\r\n"
+	long := strings.Repeat("k", 251)
+	for _, chunks := range [][]string{
+		{setup, "gat 100 ga gb gc ga\r\n", "gats 100 gb\r\n", "mg ga t v\r\n"},
+		{setup, "gat -1 ga ga gb\r\n", "get ga gb\r\n"},
+		{setup, "gat 0 gb " + long + " ga\r\n", "mg gb t\r\n", "mg ga t\r\n"},
+		{setup, "gat 10\r\n", "gat x ga\r\n", "gats\r\n", "gat 10 " + long + "\r\n"},
+		{setup, "gat 100 ga\r\nget gb\r\ngat 200 gb\r\ngets ga\r\n"},
+	} {
+		// The sets of each run give the items CAS values of their own.
+		cas := regexp.MustCompile(`(?m)^(VALUE \S+ \d+ \d+) \d+\r$`)
+		want := cas.ReplaceAllString(exchange(t, mc, chunks...), "$1 CAS\r")
+		if got := cas.ReplaceAllString(exchange(t, addr, chunks...), "$1 CAS\r"); got != want {
+			t.Errorf("%.80q: proxy answered %q, memcached %q", chunks, got, want)
+		}
+	}
+	if n := loopHandovers(p); n != 2 {
+		t.Errorf("%d connections left the loop, want 2 (at mg)", n)
+	}
 }

@@ -123,20 +123,28 @@ func (s *loopSlot) ask(u *loopUpstream, r *loopReq) {
 		for _, i := range r.asked {
 			u.out = append(u.out, "mg "...)
 			u.out = append(u.out, s.upKey(i)...)
-			u.out = append(u.out, " v f t c\r\n"...)
+			u.out = append(u.out, " v f t c"...)
+			if s.touch {
+				u.out = append(u.out, " T"...)
+				u.out = strconv.AppendInt(u.out, int64(s.exptime), 10)
+			}
+			u.out = append(u.out, crlf...)
 		}
 	} else {
-		head := u.joinable(s.id, len(r.asked))
+		var head *loopReq
+		if !s.touch {
+			head = u.joinable(s.id, len(r.asked))
+		}
 		if joined = head != nil; joined {
 			// The keys go on the end of head's line.
 			u.out = u.out[:len(u.out)-len(crlf)]
 			head.joined++
 		} else {
-			verb := "get"
-			if s.id == cmdGets {
-				verb = "gets"
+			u.out = append(u.out, retrievalVerbs[s.id]...)
+			if s.touch {
+				u.out = append(u.out, ' ')
+				u.out = strconv.AppendInt(u.out, int64(s.exptime), 10)
 			}
-			u.out = append(u.out, verb...)
 			head, u.joinKeys = r, 0
 		}
 		for _, i := range r.asked {
@@ -145,8 +153,8 @@ func (s *loopSlot) ask(u *loopUpstream, r *loopReq) {
 		}
 		u.out = append(u.out, crlf...)
 		u.join, u.joinEnd = head, len(u.out)
-		if u.joinKeys += len(r.asked); u.joinKeys > loopJoinKeys && head == r {
-			u.join = nil // too long to be joined
+		if u.joinKeys += len(r.asked); u.joinKeys > loopJoinKeys && head == r || s.touch {
+			u.join = nil // too long to be joined, or with an exptime of its own
 		}
 	}
 	u.q.push(r)
@@ -157,10 +165,13 @@ func (s *loopSlot) ask(u *loopUpstream, r *loopReq) {
 	}
 }
 
+// retrievalVerbs names the retrievals upstream.
+var retrievalVerbs = [numCommands]string{cmdGet: "get", cmdGets: "gets", cmdGat: "gat", cmdGats: "gats"}
+
 // store sends a storage command, its value enveloped when the codec or a
 // rewritten key asks for it. An append or prepend to an enveloped value
-// is a read-modify-write, left to the goroutine path, and so is a value
-// over the size limits, which is refused there.
+// is a read-modify-write, left to the goroutine path. A value over the
+// size limits is refused (see tooLarge).
 func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (int, bool) {
 	c := lc.c
 	a := parseStoreArgs(words, id == cmdCas)
@@ -179,10 +190,16 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 	if enveloped {
 		limit = c.p.cfg.maxValueSize()
 	}
-	if enveloped && join || a.vlen > limit {
+	if enveloped && join {
 		return 0, false
 	}
 	total := lineLen + a.vlen + 2
+	if a.vlen > limit {
+		// Refused before its block is read, which is dropped as it comes.
+		lc.tooLarge(id, a, c.lookup(a.key, needTenant))
+		lc.skip = total - min(total, len(data))
+		return min(total, len(data)), true
+	}
 	if len(data) < total {
 		if lc.pendable(total, len(data)) {
 			// All of data is the request's: it goes to a buffer of its
@@ -209,15 +226,11 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 	if enveloped {
 		value, flags = c.encodeFor(a.key, rk.bound, rk.postings, a.flags, value)
 		if len(value) > int(c.p.cfg.MaxItemSize) {
-			return 0, false
+			lc.tooLarge(id, a, rk)
+			return total, true
 		}
 	}
-	c.countRewrite(rk)
-	c.p.stats.cmdSet.Add(1)
-	tenant := c.p.tenants.counters(rk.tenant)
-	if tenant != nil {
-		tenant.requests.Add(1)
-	}
+	tenant := lc.countStore(rk)
 	w := loopWrite{tenant: tenant, size: len(value), enveloped: enveloped, logical: a.vlen}
 	lc.command(id, rk.up, a.noreply, w, func(out []byte, _ uint32) []byte {
 		out = appendStorage(out, storageVerbs[id], string(rk.up), flags, a.exptime, len(value), a.cas, id == cmdCas)
@@ -225,6 +238,40 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 		return append(out, crlf...)
 	})
 	return total, true
+}
+
+// countStore counts a storage command the loop takes, as the goroutine
+// path counts it, and returns its tenant's counters, if any.
+func (lc *loopClient) countStore(rk resolvedKey) *tenantCounters {
+	c := lc.c
+	c.countRewrite(rk)
+	c.p.stats.cmdSet.Add(1)
+	tenant := c.p.tenants.counters(rk.tenant)
+	if tenant != nil {
+		tenant.requests.Add(1)
+	}
+	return tenant
+}
+
+// tooLarge refuses a storage command whose value is over the size limits,
+// as the goroutine path does: SERVER_ERROR in its place among the replies,
+// and after a set, the old value deleted upstream, as memcached drops it
+// rather than keep serving it after a set it could not store. The
+// refusal's reply does not wait for the delete's: a later request of the
+// client's to the key is queued after it.
+func (lc *loopClient) tooLarge(id int, a storeArgs, rk resolvedKey) {
+	c := lc.c
+	lc.countStore(rk)
+	lc.local(id, func() {
+		c.p.stats.record(id, outcomeClientError)
+		c.noreply = a.noreply
+		c.reply(replyTooLarge)
+	})
+	if id == cmdSet {
+		lc.command(cmdDelete, rk.up, true, loopWrite{refused: true}, func(out []byte, _ uint32) []byte {
+			return appendKeyCommand(out, keyVerbs[cmdDelete], string(rk.up), nil)
+		})
+	}
 }
 
 // keyVerbs names the commands of one key and no data sent upstream as they

@@ -26,6 +26,7 @@ type loopTLS struct {
 	w     io.Writer // conn, through upstream.RequestRecords
 	b     *tlsBridge
 	plain []byte // decrypted bytes the loop has not taken yet
+	ended bool   // the loop sent close_notify: the session is over
 }
 
 // tlsBridge is the net.Conn under a loop's TLS client.

@@ -246,7 +246,11 @@ func (s *loopSlot) fill() {
 		if !u.pushDropped(nil, r) {
 			continue
 		}
-		u.out = appendStorage(u.out, "add", string(key), o.flags, int32(wire.ExptimeOf(o.ttl)), o.size, 0, false)
+		exptime := int32(wire.ExptimeOf(o.ttl))
+		if s.touch {
+			exptime = s.exptime // memcached tells the time to live before the touch
+		}
+		u.out = appendStorage(u.out, "add", string(key), o.flags, exptime, o.size, 0, false)
 		u.out = append(append(u.out, o.stored()...), crlf...)
 	}
 }

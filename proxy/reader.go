@@ -133,23 +133,34 @@ func (rd *reader) line() ([]byte, error) {
 	data := rd.buf[rd.r:rd.w]
 	i := bytes.IndexByte(data, '\n')
 	if i < 0 {
-		if len(data) > lineLimit && !isRetrievalPrefix(data) && (len(data) > rd.keyLine || !isKeyedPrefix(data)) {
-			return nil, errLineTooLong
-		}
-		if len(data) == len(rd.buf) && len(rd.buf) >= rd.max {
+		if unframed(data, rd.keyLine) || len(data) == len(rd.buf) && len(rd.buf) >= rd.max {
 			return nil, errLineTooLong
 		}
 		return nil, errNeedMore
 	}
 	rd.r += i + 1
-	line := data[:i]
+	return commandLine(data[:i]), nil
+}
+
+// commandLine is a line, up to its newline, as memcached reads it: without
+// the '\r' before the newline, which it does not require, and cut at the
+// first NUL, as its C string handling does.
+func commandLine(line []byte) []byte {
 	if len(line) > 1 && line[len(line)-1] == '\r' {
 		line = line[:len(line)-1]
 	}
 	if z := bytes.IndexByte(line, 0); z >= 0 {
 		line = line[:z]
 	}
-	return line, nil
+	return line
+}
+
+// unframed reports whether data, the start of a line whose newline has not
+// come, breaks memcached's framing rule: past lineLimit bytes, unless it
+// is a retrieval, which may keep growing, or names a key and is within
+// keyLine.
+func unframed(data []byte, keyLine int) bool {
+	return len(data) > lineLimit && !isRetrievalPrefix(data) && (len(data) > keyLine || !isKeyedPrefix(data))
 }
 
 // isRetrievalPrefix reports whether an unterminated line may keep growing:
