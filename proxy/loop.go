@@ -58,6 +58,8 @@ type eventLoops struct {
 	// abandon: Shutdown's grace ran out, and the replies still owed are
 	// not written.
 	abandon atomic.Bool
+	// openers open the hits of long retrievals aside (see loopaside.go).
+	openers openers
 	// outMax is --max-client-output-bytes (see output.go).
 	outMax int
 
@@ -287,6 +289,7 @@ func newEventLoops(p *Proxy) (*eventLoops, error) {
 		return nil, err
 	}
 	l.cli = cli
+	l.openers.start()
 	go l.tick()
 	return l, nil
 }
@@ -319,6 +322,7 @@ func (l *eventLoops) close() {
 		close(l.stop)
 		<-l.done
 		l.cli.Stop()
+		l.openers.stop()
 		close(l.stopped)
 	})
 }

@@ -149,6 +149,8 @@ type loopOwner struct {
 	// writeGuard); inTier, that the tier answered it, from the arena.
 	immutable, inTier bool
 	gen               uint64
+	// corrupt: the key's envelope was damaged (see open).
+	corrupt bool
 }
 
 // stored returns the value of o's block as memcached holds it.
@@ -230,6 +232,19 @@ func (s *loopSlot) finish() {
 	// Until the reply is made: answer may queue the delete of a damaged
 	// item, which the reply waits for.
 	s.pending = 1
+	if need := s.openNeed(); need > 0 {
+		s.reserve(need)
+		if need >= loopOpenAsideMin && s.client.ls.l.aside(s) {
+			return // opened on a worker, which has the loop complete it
+		}
+		s.openAll()
+	}
+	s.complete()
+}
+
+// complete answers a retrieval whose hits are opened, and fills the local
+// zone with what the other zones had.
+func (s *loopSlot) complete() {
 	s.answer()
 	s.touchOtherZones()
 	s.client.made(s)
@@ -376,12 +391,7 @@ func (s *loopSlot) answer() {
 		return
 	}
 	oc := outcomeOK
-	for i := range s.owners {
-		o := &s.owners[i]
-		if o.first != 0 || o.err == nil {
-			continue
-		}
-		// A key whose last zone asked failed was not answered.
+	if o := s.failed(); o != nil {
 		if p.cfg.RetrievalFailure == failureError {
 			line, _ := upstreamReply(o.err)
 			st.record(s.id, outcomeUpstreamError)
@@ -389,24 +399,10 @@ func (s *loopSlot) answer() {
 			return
 		}
 		oc = outcomeUpstreamError // the failed requests' keys are misses
-		break
 	}
-	// Blocks that are rewritten go into the slot's arena, sized once for
-	// all of them (it would move as it grew): they are pointed at once
-	// all are in.
-	rewritten := func(o *loopOwner) bool {
-		return o.first == 0 && o.block != nil && (o.meta || o.bound || p.codec != nil && p.codec.IsEnveloped(o.flags) || o.hasCAS && s.id == cmdGet)
-	}
-	need := 0
 	for i := range s.owners {
-		if o := &s.owners[i]; rewritten(o) {
-			need += s.arenaNeed(i, o)
-		}
-	}
-	s.reserve(need)
-	for i := range s.owners {
-		if o := &s.owners[i]; rewritten(o) && !s.open(i, o) {
-			o.block = nil
+		if o := &s.owners[i]; o.corrupt && p.cfg.Codec.DeleteCorrupt {
+			s.deleteCorrupt(o.zone, s.upKey(i))
 		}
 	}
 	tally := keyTally{touch: s.touch}
@@ -436,9 +432,55 @@ func (s *loopSlot) answer() {
 	s.out = append(s.out, replyEnd)
 }
 
+// failed returns the first key whose last zone asked failed, which was not
+// answered, or nil.
+func (s *loopSlot) failed() *loopOwner {
+	for i := range s.owners {
+		if o := &s.owners[i]; o.first == 0 && o.err != nil {
+			return o
+		}
+	}
+	return nil
+}
+
+// rewritten reports whether owner o's block is written anew into the
+// slot's arena: opened, its CAS dropped, or an mg reply made a VALUE block.
+func (s *loopSlot) rewritten(o *loopOwner) bool {
+	p := s.client.c.p
+	return o.first == 0 && o.block != nil && (o.meta || o.bound || p.codec != nil && p.codec.IsEnveloped(o.flags) || o.hasCAS && s.id == cmdGet)
+}
+
+// openNeed is the arena room the blocks written anew need, or 0 when the
+// reply is an error whatever they hold.
+func (s *loopSlot) openNeed() int {
+	if s.refuse || s.client.c.p.cfg.RetrievalFailure == failureError && s.failed() != nil {
+		return 0
+	}
+	need := 0
+	for i := range s.owners {
+		if o := &s.owners[i]; s.rewritten(o) {
+			need += s.arenaNeed(i, o)
+		}
+	}
+	return need
+}
+
+// openAll writes the blocks written anew into the arena, reserved first
+// for all of them (it would move as it grew): they are pointed at once all
+// are in. It touches no state of the loop but the slot's, and the
+// counters and the local tier, which take writes from any goroutine: it
+// may run on a worker (see eventLoops.aside).
+func (s *loopSlot) openAll() {
+	for i := range s.owners {
+		if o := &s.owners[i]; s.rewritten(o) && !s.open(i, o) {
+			o.block = nil
+		}
+	}
+}
+
 // open replaces an enveloped hit's block with the value it carries, and
 // reports whether it is still a hit: a refused envelope is a miss, and a
-// damaged one is deleted when --codec-delete-corrupt asks for it.
+// damaged one is deleted, by answer, when --codec-delete-corrupt asks for it.
 func (s *loopSlot) open(i int, o *loopOwner) bool {
 	p := s.client.c.p
 	key := s.key(i)
@@ -472,9 +514,7 @@ func (s *loopSlot) open(i int, o *loopOwner) bool {
 			r = codec.ReasonOf(codec.ErrLengthMismatch) // the codec broke its word: a miss all the same
 		}
 		p.stats.codecRefused[r&15].Add(1)
-		if r.Damaged() && p.cfg.Codec.DeleteCorrupt {
-			s.deleteCorrupt(o.zone, s.upKey(i))
-		}
+		o.corrupt = r.Damaged() // deleted by answer, on the loop
 		return false
 	}
 	s.arena = append(out, crlf...)
