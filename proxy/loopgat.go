@@ -55,19 +55,11 @@ func (lc *loopClient) getAndTouch(id int, words [][]byte) bool {
 	var run tenantRun
 	defer run.end()
 	for i, k := range keys {
-		first := s.named(k, i, len(keys))
-		s.keys = append(s.keys, k...)
-		s.ends = append(s.ends, len(s.keys))
 		rk := c.resolve(k, needTenant)
 		if p.tier != nil {
 			p.tier.Delete(string(rk.up))
 		}
-		o := loopOwner{first: first + 1, tenant: run.counters(p.tenants, rk.tenant), bound: rk.bound}
-		if rk.bound {
-			o.upStart = len(s.ups)
-			s.ups = append(s.ups, rk.up...)
-			o.upEnd = len(s.ups)
-		}
+		o, first := s.owner(k, i, len(keys), rk, &run)
 		s.owners = append(s.owners, o)
 		if first >= 0 {
 			continue

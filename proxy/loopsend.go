@@ -38,18 +38,9 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 	var run tenantRun
 	defer run.end()
 	for i, k := range keys {
-		// A key named again is fetched once and answered as often as it
-		// was named, as memcached does.
-		first := s.named(k, i, len(keys))
-		s.keys = append(s.keys, k...)
-		s.ends = append(s.ends, len(s.keys))
 		rk := c.resolve(k, need)
-		o := loopOwner{first: first + 1, tenant: run.counters(p.tenants, rk.tenant), bound: rk.bound, immutable: rk.immutable}
-		if rk.bound {
-			o.upStart = len(s.ups)
-			s.ups = append(s.ups, rk.up...)
-			o.upEnd = len(s.ups)
-		}
+		o, first := s.owner(k, i, len(keys), rk, &run)
+		o.immutable = rk.immutable
 		if rk.immutable {
 			// get answers from the tier; gets needs memcached's CAS. A key
 			// named again is answered as the first time, but looked up
@@ -79,6 +70,23 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 		s.finish() // every key answered by the tier, or failed
 	}
 	return true
+}
+
+// owner adds key k, the i-th of the n keys of retrieval s, resolved as rk,
+// and returns its owner and the owner of the same key named earlier, or
+// -1: a key named again is fetched once and answered as often as it was
+// named, as memcached does.
+func (s *loopSlot) owner(k []byte, i, n int, rk resolvedKey, run *tenantRun) (loopOwner, int) {
+	first := s.named(k, i, n)
+	s.keys = append(s.keys, k...)
+	s.ends = append(s.ends, len(s.keys))
+	o := loopOwner{first: first + 1, tenant: run.counters(s.client.c.p.tenants, rk.tenant), bound: rk.bound}
+	if rk.bound {
+		o.upStart = len(s.ups)
+		s.ups = append(s.ups, rk.up...)
+		o.upEnd = len(s.ups)
+	}
+	return o, first
 }
 
 // group adds the retrieval's i-th key to its request to u among those
