@@ -103,6 +103,8 @@ type loopState struct {
 	nowTaken bool
 	// tags numbers the loop's slots (loopSlot.tag).
 	tags uint32
+	// polls counts the polls the loop has handled (see check).
+	polls uint64
 	// What the loop's clients are owed (see output.go): the bytes
 	// charged for replies, and those evloop held when last looked at; the
 	// most at once (peak, for tests; peakSeen, the loop's copy).
@@ -467,6 +469,7 @@ func (l *eventLoops) OnPollEnd(el *evloop.Loop) {
 		}
 	}
 	ls.nowTaken = false
+	ls.polls++
 }
 
 // OnReadEnd keeps a plain client that ended its side until it has its
@@ -513,8 +516,16 @@ func (ls *loopState) check() {
 		case u.sent > 0 && now.Sub(u.q.front().waitFrom) > p.cfg.Timeout:
 			// The oldest request written was not answered in time: the
 			// timeout bounds every upstream request, however its reply
-			// trickles in.
-			u.abort(os.ErrDeadlineExceeded) // what a deadline gives the goroutine path
+			// trickles in. Unless its reply came while the loop was busy
+			// with others (a poll's work can take longer than the timeout
+			// on a loaded machine): it is failed only once a poll has
+			// passed since it was first seen late, which read what its
+			// socket held.
+			if from := u.q.front().waitFrom; !u.late.Equal(from) {
+				u.late, u.latePoll = from, ls.polls
+			} else if ls.polls > u.latePoll {
+				u.abort(os.ErrDeadlineExceeded) // what a deadline gives the goroutine path
+			}
 		}
 	}
 	idle := p.cfg.IdleTimeout

@@ -17,10 +17,14 @@ type loopUpstream struct {
 	srv     *upstream.Server
 	gc      *evloop.Conn
 	dialing bool
-	out     []byte   // requests not written yet
-	q       reqQueue // requests in order; the first sent are written
-	sent    int
-	scan    replyScan
+	// late is when the oldest request written was first seen past the
+	// timeout, and latePoll the loop's poll count then (see check).
+	late     time.Time
+	latePoll uint64
+	out      []byte   // requests not written yet
+	q        reqQueue // requests in order; the first sent are written
+	sent     int
+	scan     replyScan
 	// chunk is what replies are read into while one is being read:
 	// scan.acc is the tail of it, from where that reply begins.
 	chunk *loopShare
