@@ -26,8 +26,9 @@ import (
 //
 // The loop answers the commands store-gateways send all day: get and
 // gets, the storage commands (values enveloped and keys rewritten as on
-// the goroutine path), delete, touch, incr and decr, and version; not the
-// read-modify-writes of enveloped values. With zones, a retrieval falls
+// the goroutine path), delete, touch, incr and decr, gat and gats, the
+// meta writes ms and md (see loopmeta.go), and version; not mg, ma and
+// me, nor the read-modify-writes of enveloped values. With zones, a retrieval falls
 // through the zones as on the goroutine path, the hits of other zones
 // filling the local one, and writes keep the zones in line as there. The
 // local tier is read first, and filled, as there too: local tier, local
@@ -88,6 +89,8 @@ type loopState struct {
 	chunks, long   [][]byte
 	longKept, made int
 	sealBuf        []byte // a reply to a TLS client, before encryption
+	// meta is where the next ms or md is parsed (see parseMeta).
+	meta *loopMeta
 	// ending are the clients that ended their side and are owed replies
 	// (see readEnd).
 	ending []*loopClient
@@ -171,7 +174,7 @@ func take[T any](free *[]*T) *T {
 func (ls *loopState) slot(lc *loopClient, id int) *loopSlot {
 	s := take(&ls.slots)
 	ls.tags++
-	s.client, s.id, s.began, s.tag = lc, id, ls.now, ls.tags
+	s.client, s.id, s.kind, s.began, s.tag = lc, id, id, ls.now, ls.tags
 	return s
 }
 
@@ -264,8 +267,11 @@ func (ls *loopState) putSlot(s *loopSlot) {
 	clear(s.out)
 	clear(s.owners)
 	clear(s.reqs)
-	seen, arena := s.seen, s.arena
+	seen, arena, meta := s.seen, s.arena, s.meta
 	*s = loopSlot{out: s.out[:0], line: s.line[:0], keys: s.keys[:0], ends: s.ends[:0], ups: s.ups[:0], owners: s.owners[:0], reqs: s.reqs[:0]}
+	if meta.small() {
+		s.meta = meta // for the next ms or md (see loopState.parseMeta)
+	}
 	if cap(s.owners) > loopSeenKeep || cap(s.keys) > loopBufLimit || cap(s.ups) > loopBufLimit || cap(s.out) > loopSeenKeep || cap(s.line) > loopBufLimit {
 		// Grown by a get of unusually many keys: a free slot stays small.
 		*s = loopSlot{}

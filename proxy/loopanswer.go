@@ -51,6 +51,11 @@ type loopSlot struct {
 	// (refuse).
 	touch, expireNow, refuse bool
 	exptime                  int32
+	// kind is the classic write whose zone rules a command of one key
+	// follows: its own id, or for ms and md the write they act as (see
+	// metaKind). meta is an ms's or md's request (see loopmeta.go).
+	kind int
+	meta *loopMeta
 }
 
 // loopWrite is what a storage command's write adds to the byte counters
@@ -269,7 +274,7 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 		r.srv.CountServerError()
 	}
 	switch {
-	case p.zoneByZone(s.id):
+	case p.zoneByZone(s.kind):
 		var decided bool
 		if reply, decided, err = s.decide(r, reply, err); !decided {
 			return
@@ -298,29 +303,27 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 			}
 		}
 		reply, err = answer.buf, answer.err
-		if s.id == cmdAdd && err == nil {
+		if s.kind == cmdAdd && err == nil {
 			reply = s.addHeld(reply)
 		}
 	}
 	p.wroteOf(s.ups)
-	if err != nil {
+	switch {
+	case s.meta != nil:
+		s.metaAnswer(reply, err)
+	case err != nil:
 		line, oc := upstreamReply(err)
 		if !s.write.refused {
 			st.record(s.id, oc)
 		}
 		s.out = append(s.out, line)
-	} else {
+	default:
 		oc := replyOutcome(reply)
 		if !s.write.refused {
 			st.record(s.id, oc)
 		}
-		if w := s.write; oc == outcomeStored {
-			if w.enveloped {
-				s.client.c.countStored(w.logical, w.size)
-			}
-			if w.tenant != nil {
-				w.tenant.written.Add(uint64(w.size))
-			}
+		if oc == outcomeStored {
+			s.countWrite()
 		}
 		s.line = append(s.line[:0], reply...)
 		s.out = append(s.out, s.line)
@@ -328,6 +331,17 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 	// The reply goes once the writes bringing other zones in line are
 	// answered too (see alignZone).
 	s.release()
+}
+
+// countWrite counts the bytes of a write that took.
+func (s *loopSlot) countWrite() {
+	w := s.write
+	if w.enveloped {
+		s.client.c.countStored(w.logical, w.size)
+	}
+	if w.tenant != nil {
+		w.tenant.written.Add(uint64(w.size))
+	}
 }
 
 // match points each asked key of r at its VALUE block in reply, whose

@@ -408,7 +408,7 @@ func (lc *loopClient) zoneHeld(id int) bool {
 	}
 	// Nothing is read after such a write while it is in flight: it is
 	// the last slot.
-	if s := lc.slots[len(lc.slots)-1]; s.pending > 0 && (p.zoneByZone(s.id) || s.id == cmdAdd) {
+	if s := lc.slots[len(lc.slots)-1]; s.pending > 0 && (p.zoneByZone(s.kind) || s.kind == cmdAdd) {
 		return true
 	}
 	if id == cmdGet || id == cmdGets || id == cmdVersion {
@@ -512,6 +512,10 @@ func (lc *loopClient) request(data []byte) (int, bool) {
 		return lc.store(cmd.id, words, data, i+1)
 	case cmdDelete, cmdTouch, cmdIncr, cmdDecr:
 		return i + 1, lc.keyCommand(cmd.id, words)
+	case cmdMetaDelete:
+		return i + 1, lc.metaDelete(words)
+	case cmdMetaSet:
+		return lc.metaSet(words, data, i+1)
 	case cmdVersion, cmdVerbosity, cmdMetaNoop:
 		lc.local(cmd.id, func() { cmd.run(c, words) })
 		return i + 1, true

@@ -208,22 +208,8 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 		lc.skip = total - min(total, len(data))
 		return min(total, len(data)), true
 	}
-	if len(data) < total {
-		if lc.pendable(total, len(data)) {
-			// All of data is the request's: it goes to a buffer of its
-			// own, and the rest of it is read there.
-			var buf []byte
-			if total >= loopChunk {
-				lc.pendSh = lc.ls.chunk(total)
-				buf = lc.pendSh.buf
-			} else {
-				buf = make([]byte, 0, total)
-			}
-			lc.pend = append(buf[:0:total], data...)
-			return len(data), true
-		}
-		lc.want = total // from where this request begins, the first once process hands what came before
-		return 0, true
+	if n, whole := lc.awaitBlock(total, data); !whole {
+		return n, true
 	}
 	if !bytes.HasSuffix(data[:total], crlf) {
 		return 0, false
@@ -246,6 +232,30 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 		return append(out, crlf...)
 	})
 	return total, true
+}
+
+// awaitBlock reports whether all total bytes of a request with a data
+// block, from the start of data, are here. When they are not, it returns
+// how many bytes the request takes meanwhile: all of data when the rest
+// is read into a buffer of the request's own (see pend), otherwise none,
+// and the request is parsed again once total bytes are buffered (want).
+func (lc *loopClient) awaitBlock(total int, data []byte) (took int, whole bool) {
+	if len(data) >= total {
+		return 0, true
+	}
+	if lc.pendable(total, len(data)) {
+		var buf []byte
+		if total >= loopChunk {
+			lc.pendSh = lc.ls.chunk(total)
+			buf = lc.pendSh.buf
+		} else {
+			buf = make([]byte, 0, total)
+		}
+		lc.pend = append(buf[:0:total], data...)
+		return len(data), false
+	}
+	lc.want = total // from where this request begins, the first once process hands what came before
+	return 0, false
 }
 
 // countStore counts a storage command the loop takes, as the goroutine
@@ -340,16 +350,28 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 // after zone (see zoneByZone). A request to an ejected server fails at
 // once. A storage command gives what its write counts.
 func (lc *loopClient) command(id int, key []byte, noreply bool, w loopWrite, build func(out []byte, tag uint32) []byte) {
+	lc.commandAs(id, id, nil, key, noreply, w, build)
+}
+
+// commandAs is command for a command that follows the zone rules of the
+// classic write kind, and keeps its meta request, lm, if any, for its
+// answer (see loopmeta.go).
+func (lc *loopClient) commandAs(id, kind int, lm *loopMeta, key []byte, noreply bool, w loopWrite, build func(out []byte, tag uint32) []byte) {
 	p := lc.c.p
 	s := lc.ls.slot(lc, id)
-	s.noreply, s.write = noreply, w
+	s.noreply, s.write, s.kind = noreply, w, kind
+	if lm != nil {
+		// The slot takes the request parsed; the loop parses the next
+		// into the one the slot had, if any.
+		s.meta, lc.ls.meta = lm, s.meta
+	}
 	s.ups = append(s.ups[:0], key...)
 	lc.slots = append(lc.slots, s)
 	lc.c.lastCmd.Store(s.began.UnixNano())
 	// The write is marked, and the key's tier entry dropped, before it
 	// goes upstream and again once it is answered (see writeGuard).
 	p.writingOf(key)
-	if p.zoneByZone(id) {
+	if p.zoneByZone(kind) {
 		// The request is kept, in the slot's arena, for the next zone.
 		s.pending = 1
 		s.arena = build(s.arena[:0], s.tag)

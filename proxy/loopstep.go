@@ -23,6 +23,7 @@ var cmdReplies = [numCommands]wire.Reply{
 	cmdSet: wire.ReplyStorage, cmdAdd: wire.ReplyStorage, cmdReplace: wire.ReplyStorage,
 	cmdAppend: wire.ReplyStorage, cmdPrepend: wire.ReplyStorage, cmdCas: wire.ReplyStorage,
 	cmdDelete: wire.ReplyDelete, cmdTouch: wire.ReplyTouch, cmdIncr: wire.ReplyMetaArith, cmdDecr: wire.ReplyMetaArith,
+	cmdMetaSet: wire.ReplyMetaSet, cmdMetaDelete: wire.ReplyMetaDelete,
 }
 
 // checkReply checks the whole reply of r, the first request queued, whose

@@ -55,7 +55,7 @@ func (s *loopSlot) decide(r *loopReq, reply []byte, err error) (answer []byte, d
 	p := s.client.c.p
 	z := s.zone
 	r.err, r.buf = err, append(r.buf[:0], reply...)
-	if s.id == cmdAdd {
+	if s.kind == cmdAdd {
 		if err == nil {
 			return r.buf, true, nil
 		}
@@ -75,7 +75,7 @@ func (s *loopSlot) decide(r *loopReq, reply []byte, err error) (answer []byte, d
 		s.tryZone(z + 1)
 		return nil, false, nil
 	}
-	if s.id == cmdAdd {
+	if s.kind == cmdAdd {
 		return r.buf, true, r.err
 	}
 	var first *loopReq
@@ -101,10 +101,14 @@ func (s *loopSlot) addHeld(reply []byte) []byte {
 	if held < 0 {
 		return reply
 	}
-	s.keys = appendKeyCommand(s.keys[:0], "delete ", string(s.ups), nil)
+	del := s.meta.alignReq() // an ms's md
+	if del == nil {
+		s.keys = appendKeyCommand(s.keys[:0], "delete ", string(s.ups), nil)
+		del = s.keys
+	}
 	for z, q := range s.reqs {
 		if q.err == nil && replyOutcome(q.buf) == outcomeStored {
-			s.alignZone(z, s.keys, false)
+			s.alignZone(z, del, false)
 		}
 	}
 	return s.reqs[held].buf
@@ -118,6 +122,13 @@ func (s *loopSlot) addHeld(reply []byte) []byte {
 func (s *loopSlot) align(reply []byte) {
 	var req []byte
 	switch oc := replyOutcome(reply); {
+	case s.meta != nil:
+		// An ms or md: the request made for it when it was sent.
+		if req = s.meta.alignReq(); req == nil || oc != outcomeStored {
+			return
+		}
+		s.alignAll(req)
+		return
 	case (s.id == cmdReplace || s.id == cmdCas) && oc == outcomeStored:
 		// The kept request, "<verb> <key> <flags> <exptime> <bytes>[ <cas>]"
 		// and the value, as a set.
@@ -134,6 +145,12 @@ func (s *loopSlot) align(reply []byte) {
 		return
 	}
 	s.keys = req
+	s.alignAll(req)
+}
+
+// alignAll sends req to the key's server in every zone but s.zone (see
+// alignZone).
+func (s *loopSlot) alignAll(req []byte) {
 	for z := range s.client.c.p.zones {
 		if z != s.zone {
 			s.alignZone(z, req, true)
