@@ -82,22 +82,30 @@ func (c *conn) countStored(logical, stored int) {
 // upstream when it is damaged and --codec-delete-corrupt asks for it, and
 // reported as not ok: the client sees a miss.
 func (c *conn) open(srv *upstream.Server, key []byte, k string, bind bool, storedFlags uint32, stored []byte) ([]byte, uint32, bool) {
+	v, flags, ok, damaged := c.openValue(key, bind, storedFlags, stored)
+	if damaged {
+		c.req = appendKeyCommand(c.req[:0], "delete ", k, nil)
+		if line, err := c.send(srv, c.req, nil); err == nil && bytes.Equal(line, replyDeleted) {
+			c.p.stats.codecDeleted.Add(1)
+		}
+	}
+	return v, flags, ok
+}
+
+// openValue is open without the delete: damaged reports an envelope
+// that is to be deleted (--codec-delete-corrupt), which the caller
+// deletes.
+func (c *conn) openValue(key []byte, bind bool, storedFlags uint32, stored []byte) (_ []byte, _ uint32, ok, damaged bool) {
 	v, flags, err := c.p.codec.AppendDecode(c.dec[:0], key, bind, storedFlags, stored)
 	if err != nil {
 		r := codec.ReasonOf(err)
 		c.p.stats.codecRefused[r&15].Add(1)
-		if r.Damaged() && c.p.cfg.Codec.DeleteCorrupt {
-			c.req = appendKeyCommand(c.req[:0], "delete ", k, nil)
-			if line, err := c.send(srv, c.req, nil); err == nil && bytes.Equal(line, replyDeleted) {
-				c.p.stats.codecDeleted.Add(1)
-			}
-		}
-		return nil, 0, false
+		return nil, 0, false, r.Damaged() && c.p.cfg.Codec.DeleteCorrupt
 	}
 	c.p.stats.codecReadLogical.Add(uint64(len(v)))
 	c.p.stats.codecReadStored.Add(uint64(len(stored)))
 	c.dec = v
-	return v, flags, true
+	return v, flags, true, false
 }
 
 // readForUpdate reads key's item for a read-modify-write: the client's
@@ -126,6 +134,30 @@ func (c *conn) readForUpdate(srv *upstream.Server, k string, key []byte, bind bo
 	return value, it, found, nil
 }
 
+// createItem adds value, enveloped, under key with exptime, and reports
+// whether it took, with the item's CAS value.
+func (c *conn) createItem(srv *upstream.Server, k string, key []byte, bind, postings bool, value []byte, exptime int64) (cas uint64, took bool, err error) {
+	stored, storedFlags := c.encodeFor(key, bind, postings, 0, value)
+	c.alignReq = appendCreate(c.alignReq[:0], k, len(stored), storedFlags, exptime)
+	line, err := c.send(srv, c.alignReq, stored)
+	if err != nil || !bytes.HasPrefix(line, storedWithCAS) {
+		return 0, false, err
+	}
+	cas, _ = wire.ParseUint64(bytes.TrimSuffix(line[len(storedWithCAS):], crlf))
+	return cas, true, nil
+}
+
+// appendCreate appends the ms line that adds size bytes under k with
+// flags and exptime, and asks for the item's CAS value.
+func appendCreate(dst []byte, k string, size int, flags uint32, exptime int64) []byte {
+	dst = append(append(dst, "ms "...), k...)
+	dst = append(dst, ' ')
+	dst = strconv.AppendInt(dst, int64(size), 10)
+	dst = appendMetaFlag(dst, 'F', int64(flags))
+	dst = appendMetaFlag(dst, 'T', exptime)
+	return append(dst, " ME c\r\n"...)
+}
+
 // writeBack stores value, enveloped, under key if the item is still as it
 // was read. conflict reports that another write came first; cas is the
 // CAS value of the item stored, which the meta commands answer. postings
@@ -151,7 +183,12 @@ func (c *conn) writeBack(srv *upstream.Server, k string, key []byte, bind, posti
 // flags, a missing item is NOT_STORED, and so is a joined value over the
 // item-size limit (memcached cannot allocate it).
 func (c *conn) joinEnveloped(id int, srv *upstream.Server, k string, key []byte, bind, postings bool, data []byte) error {
-	return c.readModifyWrite(id, srv, k, key, bind, postings, rmw{
+	return c.readModifyWrite(id, srv, k, key, bind, postings, c.joinOp(id, data))
+}
+
+// joinOp is the read-modify-write of append or prepend (id) of data.
+func (c *conn) joinOp(id int, data []byte) rmw {
+	return rmw{
 		missing: c.answerMissing(id, replyNotStored, outcomeNotStored),
 		change: func(old []byte, _ *upstream.MetaItem) (bool, error) {
 			c.join(id == cmdAppend, old, data)
@@ -167,14 +204,19 @@ func (c *conn) joinEnveloped(id int, srv *upstream.Server, k string, key []byte,
 			c.reply(replyStored)
 			return true, nil
 		},
-	})
+	}
 }
 
 // arithmeticEnveloped answers incr and decr on a key whose values are
 // enveloped, with memcached's arithmetic (see count).
 func (c *conn) arithmeticEnveloped(id int, srv *upstream.Server, k string, key []byte, bind, postings, incr bool, delta uint64) error {
+	return c.readModifyWrite(id, srv, k, key, bind, postings, c.arithOp(id, incr, delta))
+}
+
+// arithOp is the read-modify-write of incr or decr (id) by delta.
+func (c *conn) arithOp(id int, incr bool, delta uint64) rmw {
 	var n uint64
-	return c.readModifyWrite(id, srv, k, key, bind, postings, rmw{
+	return rmw{
 		missing: c.answerMissing(id, replyNotFound, outcomeNotFound),
 		change: func(old []byte, _ *upstream.MetaItem) (bool, error) {
 			var ok bool
@@ -193,7 +235,7 @@ func (c *conn) arithmeticEnveloped(id int, srv *upstream.Server, k string, key [
 			c.replyNumber(n)
 			return true, nil
 		},
-	})
+	}
 }
 
 // join puts old with data joined after it (app) or before it in c.tmp.
@@ -234,6 +276,13 @@ type rmw struct {
 	// missing answers a missing item, or asks to read it again (retry)
 	// when it was created meanwhile.
 	missing func() (retry bool, err error)
+	// create, when set, is asked first about a missing item: it returns
+	// the value (with no flags) and exptime to create it with, by an add,
+	// or false to leave the item to missing. created then answers the
+	// item added, whose CAS value is cas; when another client created it
+	// first, it is read again.
+	create  func() (value []byte, exptime int64, ok bool)
+	created func(cas uint64) error
 	// change puts the new value in c.tmp, and may change the item it is
 	// written back as (its time to live). It returns false when it has
 	// answered.
@@ -269,6 +318,19 @@ func (c *conn) readModifyWrite(id int, srv *upstream.Server, k string, key []byt
 		if !found && c.quietMiss {
 			c.missed = true
 			return nil
+		}
+		if !found && op.create != nil {
+			if value, exptime, ok := op.create(); ok {
+				cas, took, err := c.createItem(srv, k, key, bind, postings, value, exptime)
+				if err != nil {
+					return c.upstreamError(id, srv, err)
+				}
+				if took {
+					c.changed = true
+					return op.created(cas)
+				}
+				continue // another client created it first
+			}
 		}
 		if !found {
 			if retry, err := op.missing(); !retry {

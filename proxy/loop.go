@@ -267,10 +267,14 @@ func (ls *loopState) putSlot(s *loopSlot) {
 	clear(s.out)
 	clear(s.owners)
 	clear(s.reqs)
-	seen, arena, meta := s.seen, s.arena, s.meta
+	seen, arena, meta, mod := s.seen, s.arena, s.meta, s.mod
 	*s = loopSlot{out: s.out[:0], line: s.line[:0], keys: s.keys[:0], ends: s.ends[:0], ups: s.ups[:0], owners: s.owners[:0], reqs: s.reqs[:0]}
 	if meta.small() {
-		s.meta = meta // for the next ms or md (see loopState.parseMeta)
+		s.meta = meta // for the next meta command (see loopState.parseMeta)
+	}
+	if mod != nil && cap(mod.data) <= loopMetaKeep {
+		mod.op = rmw{} // the closures hold the connection
+		s.spareMod = mod
 	}
 	if cap(s.owners) > loopSeenKeep || cap(s.keys) > loopBufLimit || cap(s.ups) > loopBufLimit || cap(s.out) > loopSeenKeep || cap(s.line) > loopBufLimit {
 		// Grown by a get of unusually many keys: a free slot stays small.

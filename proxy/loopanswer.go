@@ -56,6 +56,13 @@ type loopSlot struct {
 	// metaKind). meta is an ms's or md's request (see loopmeta.go).
 	kind int
 	meta *loopMeta
+	// serial: nothing the client sent after it is sent upstream before
+	// it is answered, as it takes more than one round trip and what came
+	// after it must see what it did (see heldBehind).
+	serial bool
+	// mod is a read-modify-write's state (see loopmodify.go); spareMod,
+	// one kept for the next.
+	mod, spareMod *loopModify
 }
 
 // loopWrite is what a storage command's write adds to the byte counters
@@ -273,10 +280,18 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 	if err == nil && isServerError(reply) {
 		r.srv.CountServerError()
 	}
+	if s.mod != nil {
+		s.modified(r, reply, err)
+		return
+	}
+	if s.id == cmdMetaGet || s.id == cmdMetaDebug {
+		s.metaGot(r, reply, err)
+		return
+	}
 	switch {
 	case p.zoneByZone(s.kind):
 		var decided bool
-		if reply, decided, err = s.decide(r, reply, err); !decided {
+		if reply, decided, err = s.decide(r, reply, err); !decided || s.retryVivify(reply, err) {
 			return
 		}
 		if err == nil && p.cfg.ZoneWrites != zoneWritesLocal {
@@ -306,6 +321,9 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 		if s.kind == cmdAdd && err == nil {
 			reply = s.addHeld(reply)
 		}
+	}
+	if s.retryVivify(reply, err) {
+		return
 	}
 	p.wroteOf(s.ups)
 	switch {

@@ -391,19 +391,27 @@ func (lc *loopClient) processHeld() {
 	}
 }
 
-// zoneHeld reports whether, with zones, request id waits for a request
-// of the client's in flight that may still reach another zone, where the
-// new one, sent at once, would come first (the goroutine path runs a
-// client's requests one after the other):
-//   - every request waits for a write tried zone by zone, or an add to
-//     every zone, whose reply comes once the zones are in line;
-//   - a write waits for a get, gets, gat or gats, which may yet ask
-//     another zone for a key the local one lacks.
+// heldBehind reports whether request id waits for a request of the
+// client's in flight that takes another round trip, where the new one,
+// sent at once, would come first (the goroutine path runs a client's
+// requests one after the other):
+//   - every request waits for a serial one (a read-modify-write, a quiet
+//     ma with N, an mg with N across zones);
+//   - with zones, every request waits for a write tried zone by zone, or
+//     an add to every zone, whose reply comes once the zones are in line;
+//   - with zones, a write waits for a get, gets, gat, gats or mg, which
+//     may yet ask another zone for a key the local one lacks.
 //
 // A request held is parsed again once the client's replies are written.
-func (lc *loopClient) zoneHeld(id int) bool {
+func (lc *loopClient) heldBehind(id int) bool {
 	p := lc.c.p
-	if len(p.zones) < 2 || len(lc.slots) == 0 {
+	if len(lc.slots) == 0 {
+		return false
+	}
+	if s := lc.slots[len(lc.slots)-1]; s.pending > 0 && s.serial {
+		return true
+	}
+	if len(p.zones) < 2 {
 		return false
 	}
 	// Nothing is read after such a write while it is in flight: it is
@@ -411,11 +419,11 @@ func (lc *loopClient) zoneHeld(id int) bool {
 	if s := lc.slots[len(lc.slots)-1]; s.pending > 0 && (p.zoneByZone(s.kind) || s.kind == cmdAdd) {
 		return true
 	}
-	if id == cmdGet || id == cmdGets || id == cmdVersion {
+	if id == cmdGet || id == cmdGets || id == cmdMetaGet || id == cmdVersion {
 		return false
 	}
 	for _, s := range lc.slots {
-		if s.pending > 0 && (s.id == cmdGet || s.id == cmdGets || s.touch) {
+		if s.pending > 0 && (s.id == cmdGet || s.id == cmdGets || s.id == cmdMetaGet || s.touch) {
 			return true
 		}
 	}
@@ -494,7 +502,7 @@ func (lc *loopClient) request(data []byte) (int, bool) {
 		lc.local(cmd.id, func() { c.clientError(cmd.id, replyError) })
 		return i + 1, true
 	}
-	if lc.zoneHeld(cmd.id) {
+	if lc.heldBehind(cmd.id) {
 		return 0, true // parsed again once the replies owed are written
 	}
 	switch cmd.id {
@@ -512,8 +520,17 @@ func (lc *loopClient) request(data []byte) (int, bool) {
 		return lc.store(cmd.id, words, data, i+1)
 	case cmdDelete, cmdTouch, cmdIncr, cmdDecr:
 		return i + 1, lc.keyCommand(cmd.id, words)
+	case cmdMetaGet:
+		if lc.outputFull(1) {
+			return 0, true // parsed again once the client has read
+		}
+		return i + 1, lc.metaGet(cmd.id, words)
+	case cmdMetaDebug:
+		return i + 1, lc.metaGet(cmd.id, words)
 	case cmdMetaDelete:
 		return i + 1, lc.metaDelete(words)
+	case cmdMetaArithmetic:
+		return i + 1, lc.metaArithmetic(words)
 	case cmdMetaSet:
 		return lc.metaSet(words, data, i+1)
 	case cmdVersion, cmdVerbosity, cmdMetaNoop:

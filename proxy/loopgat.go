@@ -34,11 +34,6 @@ func (lc *loopClient) getAndTouch(id int, words [][]byte) bool {
 		lc.local(id, func() { commands[id].run(c, words) })
 		return true
 	}
-	for _, k := range keys[:bad] {
-		if !lc.validKey(k) {
-			return false
-		}
-	}
 	if bad < len(keys) {
 		c.validKey(keys[bad]) // counted as refused
 	}
@@ -61,8 +56,8 @@ func (lc *loopClient) getAndTouch(id int, words [][]byte) bool {
 		}
 		o, first := s.owner(k, i, len(keys), rk, &run)
 		s.owners = append(s.owners, o)
-		if first >= 0 {
-			continue
+		if first >= 0 || !rk.ok {
+			continue // a key no server can hold is a miss
 		}
 		reqUps = s.group(reqUps, 0, ls.upstreamOf(up, rk.up), i)
 	}

@@ -18,6 +18,13 @@ func loopConfig(upstreams ...string) Config {
 	return cfg
 }
 
+// refusedSet is a set whose flags memcached refuses, whose data block is
+// dropped, and refusedSetReply its reply.
+const (
+	refusedSet      = "set nokey x 0 1\r\nv\r\n"
+	refusedSetReply = "CLIENT_ERROR bad command line format\r\n"
+)
+
 // loopHandovers is how many connections p's event loops handed to the
 // goroutine path.
 func loopHandovers(p *Proxy) uint64 { return p.stats.connsHandedOver.Load() }

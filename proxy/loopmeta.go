@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"slices"
 	"strconv"
+
+	"mcsidecar/proxy/upstream"
 )
 
 // The meta writes, ms and md, on the loop. Each goes upstream as the
@@ -27,9 +29,22 @@ type loopMeta struct {
 	line  []byte
 	words [][]byte
 	align []byte // nil: none
-	up    []byte // memcached's reply line, which rep points into
-	rep   metaReply
-	out   []byte
+	// quietVivify: a quiet ma with N, asked without N first. serial: the
+	// request may take another round trip (see loopSlot.serial).
+	quietVivify, serial bool
+	up                  []byte // memcached's reply line, which rep points into
+	rep                 metaReply
+	out                 []byte
+	// An mg's search of the zones (see loopmetaget.go): its key's write
+	// count, for a fill; whether N waits until no zone has the key, and
+	// whether it was sent with N; the answer kept while the other zones
+	// are asked, its error, server and zone.
+	noted                uint64
+	vivifyLast, vivified bool
+	got                  []byte
+	gotErr               error
+	gotSrv               *upstream.Server
+	gotZone              int
 }
 
 // loopMetaKeep is the largest buffer a loopMeta keeps for the next
@@ -38,7 +53,7 @@ const loopMetaKeep = 4 << 10
 
 // small reports whether m is worth keeping for the next request.
 func (m *loopMeta) small() bool {
-	return m != nil && cap(m.line) <= loopMetaKeep && cap(m.align) <= loopMetaKeep && cap(m.out) <= loopMetaKeep
+	return m != nil && cap(m.line) <= loopMetaKeep && cap(m.align) <= loopMetaKeep && cap(m.out) <= loopMetaKeep && cap(m.got) <= loopMetaKeep
 }
 
 // alignReq returns the request that brings the other zones in line, or
@@ -70,6 +85,7 @@ func (ls *loopState) parseMeta(w [][]byte, limitKey bool) *loopMeta {
 	}
 	parseMeta(&lm.req, lm.words, limitKey)
 	lm.align = lm.align[:0:0]
+	lm.serial = false
 	return lm
 }
 
@@ -130,16 +146,13 @@ func (lc *loopClient) metaDelete(words [][]byte) bool {
 	}
 	rk := c.lookup(m.key, 0)
 	m.setWire(rk.up)
-	switch {
-	case !rk.ok && !m.bin:
+	if !rk.ok && !m.wireBin {
 		// No server can hold such a key: nothing to delete.
 		c.countRewrite(rk)
 		lc.metaLocal(cmdMetaDelete, nil, func(c *conn) {
 			c.metaAnswer(cmdMetaDelete, m, metaCodeNotFound, nil, nil)
 		})
 		return true
-	case !rk.ok && !m.wireBin:
-		return false
 	}
 	c.countRewrite(rk)
 	m.rk = rk
@@ -205,13 +218,10 @@ func (lc *loopClient) metaSet(words [][]byte, data []byte, lineLen int) (int, bo
 	rk := c.lookup(m.key, needTenant|postingsIf(enveloped))
 	m.setWire(rk.up)
 	enveloped = enveloped || rk.bound
-	if enveloped && join || !rk.ok && m.bin && !m.wireBin {
-		return 0, false
-	}
 	if n, whole := lc.awaitBlock(total, data); !whole {
 		return n, true
 	}
-	if !rk.ok && !m.bin {
+	if !rk.ok && !m.wireBin {
 		// As for set: no server can hold such a key as it is.
 		st.cmdSet.Add(1)
 		c.countRewrite(rk)
@@ -233,6 +243,15 @@ func (lc *loopClient) metaSet(words [][]byte, data []byte, lineLen int) (int, bo
 		return total, true
 	}
 	value := data[lineLen : lineLen+m.vlen]
+	if enveloped && join {
+		// Read, joined and written back (see loopmodify.go).
+		if !forwardable(rk.up) {
+			lc.metaLocal(cmdMetaSet, nil, func(c *conn) { c.metaSetAnswer(m, metaCodeNotStore, nil) })
+			return total, true
+		}
+		lc.modify(cmdMetaSet, m.key, rk, false, lm, value, func(c *conn, data []byte) rmw { return c.metaJoinOp(m, data) })
+		return total, true
+	}
 	if enveloped {
 		value, flags = c.encodeFor(m.key, rk.bound, rk.postings, m.clientFlags, value)
 		if len(value) > int(c.p.cfg.MaxItemSize) {
@@ -266,6 +285,85 @@ func (lc *loopClient) metaSet(words [][]byte, data []byte, lineLen int) (int, bo
 	return total, true
 }
 
+// metaArithmetic sends ma, tagged as an incr is (see wire.MetaTagged),
+// zone after zone as incr goes. It reports false for what it leaves to
+// the goroutine path: ma on an enveloped value (a read-modify-write), and
+// a key it cannot send as that path would.
+func (lc *loopClient) metaArithmetic(words [][]byte) bool {
+	c := lc.c
+	lm := lc.ls.parseMeta(words, c.p.keys == nil)
+	m := &lm.req
+	switch {
+	case m.err != nil:
+		lc.metaLocal(cmdMetaArithmetic, m.err, nil)
+		return true
+	case !c.validMetaKey(m):
+		lc.metaLocal(cmdMetaArithmetic, replyBadFormat, nil)
+		return true
+	}
+	enveloped := c.envelopes(m.key, 0)
+	rk := c.lookup(m.key, postingsIf(enveloped))
+	m.setWire(rk.up)
+	notFound := func(c *conn) { c.metaAnswer(cmdMetaArithmetic, m, metaCodeNotFound, nil, nil) }
+	if !rk.ok && !m.wireBin {
+		c.countRewrite(rk)
+		lc.metaLocal(cmdMetaArithmetic, nil, notFound)
+		return true
+	}
+	c.countRewrite(rk)
+	m.rk = rk
+	if rk.bound || enveloped {
+		// A read-modify-write (see loopmodify.go).
+		if !forwardable(rk.up) {
+			lc.metaLocal(cmdMetaArithmetic, nil, notFound)
+			return true
+		}
+		lc.modify(cmdMetaArithmetic, m.key, rk, false, lm, nil, func(c *conn, _ []byte) rmw { return c.metaArithOp(m) })
+		return true
+	}
+	k := string(rk.up)
+	if len(c.p.zones) > 1 {
+		// The other zones drop their copy once one changed.
+		lm.align = append(appendMetaHead(lm.align, "md ", k, m.wireBin), crlf...)
+	}
+	// memcached answers an ma that created its item even when asked
+	// quietly. To know whether it will, a quiet ma with N asks without N
+	// first and, only when the item is missing, again with it (see
+	// retryVivify).
+	lm.quietVivify = m.quiet && m.hasVivify
+	lm.serial = lm.quietVivify
+	lc.commandAs(cmdMetaArithmetic, cmdIncr, lm, rk.up, false, loopWrite{}, func(out []byte, tag uint32) []byte {
+		return appendTagged(out, c.metaArithmeticReq(m, k, !lm.quietVivify), tag)
+	})
+	return true
+}
+
+// appendTagged appends meta request req with the opaque token O<tag>
+// added.
+func appendTagged(dst, req []byte, tag uint32) []byte {
+	dst = append(dst, req[:len(req)-len(crlf)]...)
+	dst = append(dst, " O"...)
+	dst = strconv.AppendUint(dst, uint64(tag), 10)
+	return append(dst, crlf...)
+}
+
+// retryVivify sends a quiet ma with N again, with N this time, when its
+// first try found no item (see metaArithmetic), and reports whether it
+// did: the reply to that one answers.
+func (s *loopSlot) retryVivify(reply []byte, err error) bool {
+	lm := s.meta
+	if s.id != cmdMetaArithmetic || !lm.quietVivify || err != nil || !bytes.HasPrefix(reply, metaCodeNotFound) {
+		return false
+	}
+	lm.quietVivify = false
+	m := &lm.req
+	m.quiet = false // it creates the item, or another client just did
+	c := s.client.c
+	s.arena = appendTagged(s.arena[:0], c.metaArithmeticReq(m, string(s.ups), true), s.tag)
+	s.tryZone(0)
+	return true
+}
+
 // dropBlock takes what is here of a refused request of total bytes, from
 // the start of data, and has the rest dropped as it comes (see skip).
 func (lc *loopClient) dropBlock(total int, data []byte) int {
@@ -295,31 +393,52 @@ func (s *loopSlot) metaAnswer(reply []byte, err error) {
 	}
 	w := replyWriter{buf: lm.out[:0]}
 	c.wr, c.noreply = &w, false
-	switch {
-	case err != nil:
+	if err != nil {
 		line, oc := upstreamReply(err)
 		c.p.stats.record(s.id, oc)
 		w.Write(line)
-	default:
-		lm.up = append(lm.up[:0], reply...)
-		r := &lm.rep
-		if !r.parse(lm.up) {
-			c.answer(s.id, lm.up) // memcached's own error line
-			break
-		}
-		if s.id == cmdMetaDelete {
-			c.metaAnswer(cmdMetaDelete, &lm.req, r.code[:], r, nil)
-			break
-		}
-		if r.code == [2]byte{'H', 'D'} {
-			s.countWrite()
-		}
-		cas, _ := r.flag('c')
-		c.metaSetAnswer(&lm.req, r.code[:], cas)
+	} else {
+		s.metaAnswerReply(reply)
 	}
 	c.wr = nil
 	lm.out = w.buf
 	if len(w.buf) > 0 {
 		s.out = append(s.out, w.buf)
+	}
+}
+
+// metaAnswerReply answers an ms, md or ma from memcached's whole reply:
+// its line, and ma's number after it.
+func (s *loopSlot) metaAnswerReply(reply []byte) {
+	c, lm := s.client.c, s.meta
+	m := &lm.req
+	line := reply
+	if i := bytes.IndexByte(reply, '\n'); i >= 0 {
+		line = reply[:i+1]
+	}
+	lm.up = append(lm.up[:0], line...)
+	r := &lm.rep
+	if !r.parse(lm.up) {
+		c.answer(s.id, lm.up) // memcached's own error line
+		return
+	}
+	switch s.id {
+	case cmdMetaDelete:
+		c.metaAnswer(cmdMetaDelete, m, r.code[:], r, nil)
+	case cmdMetaArithmetic:
+		switch r.code {
+		case [2]byte{'V', 'A'}:
+			c.metaAnswer(cmdMetaArithmetic, m, metaCodeStored, r, reply[len(line):len(reply)-len(crlf)])
+		case [2]byte{'H', 'D'}:
+			c.metaAnswer(cmdMetaArithmetic, m, metaCodeStored, r, nil)
+		default:
+			c.metaAnswer(cmdMetaArithmetic, m, r.code[:], r, nil)
+		}
+	default:
+		if r.code == [2]byte{'H', 'D'} {
+			s.countWrite()
+		}
+		cas, _ := r.flag('c')
+		c.metaSetAnswer(m, r.code[:], cas)
 	}
 }

@@ -6,13 +6,13 @@ import (
 	"testing"
 )
 
-// TestEventLoopAnswersMetaWritesItself: ms and md are answered on the
+// TestEventLoopAnswersMetaItself: ms, md, mg and me are answered on the
 // loop, byte for byte as memcached answers them: every mode, CAS values
 // that match and that do not, quiet requests (whose HD is not written),
 // opaque tokens and returned keys in the client's order, base64 keys,
 // refused flags, keys and data blocks, a value over the item size, and
 // a block that arrives in pieces.
-func TestEventLoopAnswersMetaWritesItself(t *testing.T) {
+func TestEventLoopAnswersMetaItself(t *testing.T) {
 	// One memcached answers directly, another through the sidecar: each
 	// run begins with the same, empty, cache.
 	mc, behind := startMemcached(t), startMemcached(t)
@@ -30,10 +30,20 @@ func TestEventLoopAnswersMetaWritesItself(t *testing.T) {
 		{"ms m8 " + "1048577" + " T0\r\n" + big + "\r\n", "mg m8 v\r\n"},
 		{"ms m9 10 O5", " k\r\n01234", "56789\r", "\n", "mg m9 v\r\n"},
 		{"md m10 I T30\r\n", "ms m10 1\r\nv\r\n", "md m10 I T30\r\n", "mg m10 v c\r\n", "ms m10 1 I\r\nw\r\n"},
+		// ma: every mode, quiet, created with N, CAS, refusals.
+		{"ma a1\r\n", "ma a1 N0 J10 v\r\n", "ma a1 v t c k O4\r\n", "ma a1 MD D3 v\r\n", "ma a1 q\r\nma a1 q v\r\nmn\r\n", "mg a1 v\r\n"},
+		{"ma a2 q N0 J5\r\n", "ma a2 q N0 J5\r\nmn\r\n", "ma a2 C1 v\r\n", "ma a2 MX\r\n", "ma a2 Dx\r\n", "ma a2 Jx\r\n", "ma\r\n", "ma " + long + "\r\n"},
+		{"ms a3 2\r\nab\r\n", "ma a3\r\n", "ms a4 20\r\n18446744073709551615\r\n", "ma a4 v\r\n", "ma a4 MD D5 v T30 t\r\n", "ma bTU= b N0 v k\r\n"},
+		// mg: hits and misses with every kind of flag, quiet, pipelined.
+		{"ms g1 3 F9 T100\r\nabc\r\n", "mg g1 s v f t k O77 q\r\nmg g2 v q\r\nmg g2 k Oz\r\nmn\r\n", "mg g1\r\n", "mg g1 h l\r\n"},
+		{"mg g3 N30 v c s t\r\n", "mg g3 v\r\n", "mg g3 T0 t\r\n", "mg g3 R30 v t\r\n", "mg g3 E\r\n", "mg g3 u v\r\n"},
+		{"ms e1 3\r\nabc\r\n", "me e1\r\nme e2\r\n", "me\r\n", "me " + long + "\r\n", "ms bTU= 1 b\r\nv\r\n", "me bTU= b\r\n", "me e1 x y\r\nmn\r\n"},
+		{"mg\r\n", "mg " + long + " v\r\n", "mg g4 v v\r\n", "mg g4 Tx\r\n", "mg g4 !\r\n", "mg bTU= b k v\r\n", "mg ==== b\r\n"},
 	} {
-		cas := regexp.MustCompile(` c[1-9]\d*`)
-		want := cas.ReplaceAllString(exchange(t, mc, chunks...), " cN")
-		if got := cas.ReplaceAllString(exchange(t, addr, chunks...), " cN"); got != want {
+		// CAS values and the seconds since the last access may differ.
+		cas := regexp.MustCompile(` (c[1-9]\d*|la=\d+)`)
+		want := cas.ReplaceAllString(exchange(t, mc, chunks...), " N")
+		if got := cas.ReplaceAllString(exchange(t, addr, chunks...), " N"); got != want {
 			t.Errorf("%.120q:\nproxy     %q\nmemcached %q", chunks, short(got), short(want))
 		}
 	}
@@ -43,7 +53,38 @@ func TestEventLoopAnswersMetaWritesItself(t *testing.T) {
 	if got := exchange(t, addr, "ms "+long+" 1\r\nv\r\n", "ms a 1 a b c d e f g h i j k l m n o p q r s t\r\nv\r\nmn\r\n"); got != refused {
 		t.Errorf("refused ms: %q, want %q", got, refused)
 	}
-	if n := loopHandovers(p); n != 6 {
-		t.Errorf("%d connections left the loop, want 6 (at mg)", n)
+	if n := loopHandovers(p); n != 0 {
+		t.Errorf("%d connections left the loop, want none", n)
+	}
+}
+
+// TestEventLoopModifiesEnvelopesItself: with every value enveloped, the
+// read-modify-writes (append, prepend, incr, decr, ms in mode A and P, ma,
+// and ma creating its item) are answered on the loop as memcached answers
+// them, noreply and quiet included.
+func TestEventLoopModifiesEnvelopesItself(t *testing.T) {
+	mc, behind := startMemcached(t), startMemcached(t)
+	cfg := envelopeAllConfig(behind)
+	cfg.EventLoops = 1
+	p, addr := startProxy(t, cfg)
+	for _, chunks := range [][]string{
+		{"set n 5 0 2\r\n10\r\n", "append n 0 0 1\r\n0\r\nprepend n 0 0 1\r\n9\r\n", "incr n 5\r\ndecr n 1000\r\n", "get n\r\n", "append z 0 0 1\r\nx\r\nincr z 1\r\n"},
+		{"set t 0 0 1\r\nx\r\n", "incr t 1\r\n", "append t 0 0 1 noreply\r\ny\r\nincr n 1 noreply\r\n", "gets t\r\n"},
+		{"ms m 2 F3\r\nab\r\n", "ms m 1 MA\r\nc\r\nms m 1 MP k O5\r\nz\r\n", "ms m 1 MA q\r\nd\r\nmn\r\n", "mg m v f\r\n", "ms y 1 MA\r\nv\r\n"},
+		{"ma c\r\n", "ma c N0 J7 v t\r\n", "ma c v\r\nma c MD D3 v k O1\r\n", "ma c q\r\nmn\r\n", "ma q1 q N0 J2\r\nmn\r\n", "ma c C1 v\r\n", "mg c v\r\n"},
+	} {
+		cas := regexp.MustCompile(`(?m)^(VALUE \S+ \d+ \d+) \d+\r$`)
+		want := cas.ReplaceAllString(exchange(t, mc, chunks...), "$1 CAS\r")
+		if got := cas.ReplaceAllString(exchange(t, addr, chunks...), "$1 CAS\r"); got != want {
+			t.Errorf("%.120q:\nproxy     %q\nmemcached %q", chunks, short(got), short(want))
+		}
+	}
+	for _, key := range []string{"n", "t", "m", "c"} {
+		if flags, _, ok := rawItem(t, newLineClient(t, behind), key); !ok || !p.codec.IsEnveloped(flags) {
+			t.Errorf("%s upstream: flags %d, held %v; want an envelope", key, flags, ok)
+		}
+	}
+	if n := loopHandovers(p); n != 0 {
+		t.Errorf("%d connections left the loop, want none", n)
 	}
 }

@@ -355,11 +355,20 @@ func (r *replyScan) feed(data []byte, req *loopReq) (took int, whole bool, bad *
 			}
 			continue
 		}
-		if req.expect == wire.ReplyMetaArith {
+		switch {
+		case req.expect == wire.ReplyMetaArith:
 			if n, ok := wire.ArithLine(line); ok {
 				r.need = n // the number follows
 				continue
 			}
+		case req.expect == wire.ReplyMetaGet && bytes.HasPrefix(line, metaValue):
+			// An mg's hit: its value follows.
+			n, ok := wire.MetaValueBlock(line, upstream.MaxValueLen)
+			if !ok {
+				return took, false, upstream.OutOfStep(upstream.ReasonMalformed, line)
+			}
+			r.need = n
+			continue
 		}
 		if !retrieval || !bytes.HasPrefix(line, replyValue) {
 			return took, true, nil

@@ -19,11 +19,6 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 			return true
 		}
 	}
-	for _, k := range keys {
-		if !lc.validKey(k) {
-			return false
-		}
-	}
 	p := c.p
 	up := p.zones[0].up.Load()
 	ls := lc.ls
@@ -56,8 +51,8 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 			}
 		}
 		s.owners = append(s.owners, o)
-		if first >= 0 || o.inTier {
-			continue
+		if first >= 0 || o.inTier || !rk.ok {
+			continue // a key no server can hold is a miss
 		}
 		reqUps = s.group(reqUps, 0, ls.upstreamOf(up, rk.up), i)
 	}
@@ -178,13 +173,23 @@ var retrievalVerbs = [numCommands]string{cmdGet: "get", cmdGets: "gets", cmdGat:
 
 // store sends a storage command, its value enveloped when the codec or a
 // rewritten key asks for it. An append or prepend to an enveloped value
-// is a read-modify-write, left to the goroutine path. A value over the
-// size limits is refused (see tooLarge).
+// is a read-modify-write (see modify). A value over the size limits is
+// refused (see tooLarge).
 func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (int, bool) {
 	c := lc.c
 	a := parseStoreArgs(words, id == cmdCas)
 	if !a.argsOK || !lc.validKey(a.key) {
-		return 0, false
+		// Refused as the goroutine path refuses it: its block, when the
+		// line names a usable length, is dropped as it comes.
+		if a.argsOK && c.p.keys != nil {
+			c.validKey(a.key) // counted as refused
+		}
+		c.p.stats.cmdSet.Add(1)
+		lc.refuse(id, a.noreply, replyBadFormat)
+		if !a.lenOK {
+			return lineLen, true
+		}
+		return lc.dropBlock(lineLen+a.vlen+2, data), true
 	}
 	join := id == cmdAppend || id == cmdPrepend
 	envFlags := a.flags
@@ -198,25 +203,29 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 	if enveloped {
 		limit = c.p.cfg.maxValueSize()
 	}
-	if enveloped && join {
-		return 0, false
-	}
 	total := lineLen + a.vlen + 2
 	if a.vlen > limit {
 		// Refused before its block is read, which is dropped as it comes.
 		lc.tooLarge(id, a, c.lookup(a.key, needTenant))
-		lc.skip = total - min(total, len(data))
-		return min(total, len(data)), true
+		return lc.dropBlock(total, data), true
 	}
 	if n, whole := lc.awaitBlock(total, data); !whole {
 		return n, true
 	}
-	if !bytes.HasSuffix(data[:total], crlf) {
-		return 0, false
-	}
-	// Not counted yet: the request may still be handed over.
 	rk := c.lookup(a.key, needTenant|postingsIf(enveloped))
+	if !bytes.HasSuffix(data[:total], crlf) {
+		lc.countStore(rk)
+		lc.refuse(id, a.noreply, replyBadChunk)
+		return total, true
+	}
 	value, flags := data[lineLen:lineLen+a.vlen], a.flags
+	if enveloped && join {
+		// memcached cannot join bytes to an envelope: the value is read,
+		// joined and written back (see loopmodify.go).
+		lc.countStore(rk)
+		lc.modify(id, a.key, rk, a.noreply, nil, value, func(c *conn, data []byte) rmw { return c.joinOp(id, data) })
+		return total, true
+	}
 	if enveloped {
 		value, flags = c.encodeFor(a.key, rk.bound, rk.postings, a.flags, value)
 		if len(value) > int(c.p.cfg.MaxItemSize) {
@@ -258,6 +267,17 @@ func (lc *loopClient) awaitBlock(total int, data []byte) (took int, whole bool) 
 	return 0, false
 }
 
+// refuse answers a storage command refused with reply, in its place, as
+// the goroutine path does (noreply drops the reply).
+func (lc *loopClient) refuse(id int, noreply bool, reply []byte) {
+	c := lc.c
+	lc.local(id, func() {
+		c.noreply = noreply
+		c.p.stats.record(id, outcomeClientError)
+		c.reply(reply)
+	})
+}
+
 // countStore counts a storage command the loop takes, as the goroutine
 // path counts it, and returns its tenant's counters, if any.
 func (lc *loopClient) countStore(rk resolvedKey) *tenantCounters {
@@ -296,9 +316,9 @@ func (lc *loopClient) tooLarge(id int, a storeArgs, rk resolvedKey) {
 // are; incr and decr go as meta arithmetic (wire.AppendArith).
 var keyVerbs = [numCommands]string{cmdDelete: "delete ", cmdTouch: "touch "}
 
-// keyCommand sends a delete, touch, incr or decr, in the forms memcached
-// takes; any other is left to the goroutine path, which answers it as
-// memcached does.
+// keyCommand sends a delete, touch, incr or decr; one refused, or of a
+// key no server can hold, is answered by the goroutine path's handler,
+// which asks memcached nothing then, in its place.
 func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 	key := w[1]
 	noreply := bytes.Equal(w[len(w)-1], noreplyWord)
@@ -312,23 +332,22 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 	case cmdDelete:
 		local = local || !deleteForm(w)
 	case cmdTouch:
+		// A fourth word other than noreply is ignored, as memcached does.
 		exptime, ok := wire.ParseInt32(w[2])
-		switch {
-		case !ok:
-			local = true
-		case len(w) == 4 && !noreply && !local:
-			return false
-		}
+		local = local || !ok
 		arg = strconv.AppendInt(lc.c.scratch[:0], int64(exptime), 10)
 		lc.c.scratch = arg
 	case cmdIncr, cmdDecr:
-		// The number of an enveloped value is changed by a
-		// read-modify-write, on the goroutine path.
 		var ok bool
 		if delta, ok = wire.ParseUint64(w[2]); !ok {
 			local = true
-		} else if !local && (lc.c.envelopes(key, 0) || lc.rewritten(key)) {
-			return false
+		} else if enveloped := lc.c.envelopes(key, 0); !local && (enveloped || lc.rewritten(key)) {
+			// The number of an enveloped value is changed by a
+			// read-modify-write (see modify).
+			rk := lc.c.resolve(key, postingsIf(enveloped))
+			incr := id == cmdIncr
+			lc.modify(id, key, rk, noreply, nil, nil, func(c *conn, _ []byte) rmw { return c.arithOp(id, incr, delta) })
+			return true
 		}
 	}
 	if local {
@@ -364,6 +383,7 @@ func (lc *loopClient) commandAs(id, kind int, lm *loopMeta, key []byte, noreply 
 		// The slot takes the request parsed; the loop parses the next
 		// into the one the slot had, if any.
 		s.meta, lc.ls.meta = lm, s.meta
+		s.serial = lm.serial
 	}
 	s.ups = append(s.ups[:0], key...)
 	lc.slots = append(lc.slots, s)

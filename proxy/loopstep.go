@@ -23,7 +23,8 @@ var cmdReplies = [numCommands]wire.Reply{
 	cmdSet: wire.ReplyStorage, cmdAdd: wire.ReplyStorage, cmdReplace: wire.ReplyStorage,
 	cmdAppend: wire.ReplyStorage, cmdPrepend: wire.ReplyStorage, cmdCas: wire.ReplyStorage,
 	cmdDelete: wire.ReplyDelete, cmdTouch: wire.ReplyTouch, cmdIncr: wire.ReplyMetaArith, cmdDecr: wire.ReplyMetaArith,
-	cmdMetaSet: wire.ReplyMetaSet, cmdMetaDelete: wire.ReplyMetaDelete,
+	cmdMetaSet: wire.ReplyMetaSet, cmdMetaDelete: wire.ReplyMetaDelete, cmdMetaGet: wire.ReplyMetaGet, cmdMetaArithmetic: wire.ReplyMetaArith,
+	cmdMetaDebug: wire.ReplyMetaDebug,
 }
 
 // checkReply checks the whole reply of r, the first request queued, whose
@@ -34,6 +35,11 @@ var cmdReplies = [numCommands]wire.Reply{
 // out of step.
 func (u *loopUpstream) checkReply(r *loopReq, reply []byte, vals []valueAt) (_ []byte, err error, bad *upstream.OutOfStepError) {
 	switch {
+	case r.store && r.expect == wire.ReplyMetaArith && r.slot.id == cmdMetaArithmetic:
+		// A client's ma, tagged as an incr is, answered in its meta form.
+		if !r.expect.Fits(reply) || !wire.MetaTagged(reply, r.slot.tag) {
+			return nil, nil, outOfStepAt(reply)
+		}
 	case r.store && r.expect == wire.ReplyMetaArith:
 		classic, ok := wire.ArithReply(reply, r.slot.tag)
 		if !ok {

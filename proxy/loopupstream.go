@@ -354,7 +354,7 @@ func (p *Proxy) countDropped(r *loopReq, reply []byte, err error) {
 		switch {
 		case err != nil:
 			result = fillFailed
-		case bytes.Equal(reply, replyStored):
+		case bytes.Equal(reply, replyStored), bytes.HasPrefix(reply, metaCodeStored): // add's, or an mg fill's ms
 			result = fillStored
 		}
 		if mayHaveStored(result) && p.wroteSinceOf(r.key, r.gen) {

@@ -124,7 +124,9 @@ func (s *loopSlot) align(reply []byte) {
 	switch oc := replyOutcome(reply); {
 	case s.meta != nil:
 		// An ms or md: the request made for it when it was sent.
-		if req = s.meta.alignReq(); req == nil || oc != outcomeStored {
+		// An ma that took answers VA as well as HD.
+		took := oc == outcomeStored || s.id == cmdMetaArithmetic && oc == outcomeOK
+		if req = s.meta.alignReq(); req == nil || !took {
 			return
 		}
 		s.alignAll(req)

@@ -95,15 +95,29 @@ func (c *conn) metaArithmeticReq(m *metaReq, k string, vivify bool) []byte {
 // NF, or with N created from J (default 0) by an add; a CAS the item no
 // longer has is EX. The client key is in c.keyBuf.
 func (c *conn) metaArithmeticEnveloped(m *metaReq, srv *upstream.Server, k string, bound bool) error {
+	return c.readModifyWrite(cmdMetaArithmetic, srv, k, c.keyBuf, bound, m.rk.postings, c.metaArithOp(m))
+}
+
+// metaArithOp is the read-modify-write of ma m. A missing item is NF, or
+// with N created from J (default 0), with N's time to live, by an add.
+func (c *conn) metaArithOp(m *metaReq) rmw {
 	id := cmdMetaArithmetic
 	var n uint64
 	var oldTTL int32
-	return c.readModifyWrite(id, srv, k, c.keyBuf, bound, m.rk.postings, rmw{
+	return rmw{
 		missing: func() (bool, error) {
+			return false, c.metaAnswer(id, m, metaCodeNotFound, nil, nil)
+		},
+		create: func() ([]byte, int64, bool) {
 			if !m.hasVivify {
-				return false, c.metaAnswer(id, m, metaCodeNotFound, nil, nil)
+				return nil, 0, false
 			}
-			return c.metaCreateCounter(m, srv, k, bound)
+			c.tmp = strconv.AppendUint(c.tmp[:0], m.initial, 10)
+			return c.tmp, wire.ExptimeOf(metaTTL(m, -1, true)), true
+		},
+		created: func(cas uint64) error {
+			m.quiet = false // memcached answers a creation even when asked quietly
+			return c.metaArithmeticAnswer(m, m.initial, cas, -1, true)
 		},
 		change: func(old []byte, it *upstream.MetaItem) (bool, error) {
 			if m.hasCAS && m.cas != 0 && it.CAS != m.cas { // ma reads C0 as no CAS
@@ -123,36 +137,7 @@ func (c *conn) metaArithmeticEnveloped(m *metaReq, srv *upstream.Server, k strin
 			}
 			return true, c.metaArithmeticAnswer(m, n, cas, oldTTL, false)
 		},
-	})
-}
-
-// metaCreateCounter creates the counter a missing item asked for with N:
-// J (default 0), with N's time to live, by an add. It answers and reports
-// no retry when the add took, and asks to read the item again when another
-// client created it first.
-func (c *conn) metaCreateCounter(m *metaReq, srv *upstream.Server, k string, bound bool) (retry bool, err error) {
-	id := cmdMetaArithmetic
-	n := m.initial
-	c.tmp = strconv.AppendUint(c.tmp[:0], n, 10)
-	ttl := metaTTL(m, -1, true)
-	stored, storedFlags := c.encodeFor(c.keyBuf, bound, m.rk.postings, 0, c.tmp)
-	c.alignReq = append(append(c.alignReq[:0], "ms "...), k...)
-	c.alignReq = append(c.alignReq, ' ')
-	c.alignReq = strconv.AppendInt(c.alignReq, int64(len(stored)), 10)
-	c.alignReq = appendMetaFlag(c.alignReq, 'F', int64(storedFlags))
-	c.alignReq = appendMetaFlag(c.alignReq, 'T', wire.ExptimeOf(ttl))
-	c.alignReq = append(c.alignReq, " ME c\r\n"...)
-	line, err := c.send(srv, c.alignReq, stored)
-	if err != nil {
-		return false, c.upstreamError(id, srv, err)
 	}
-	if !bytes.HasPrefix(line, storedWithCAS) {
-		return true, nil // another client created it first
-	}
-	cas, _ := wire.ParseUint64(bytes.TrimSuffix(line[len(storedWithCAS):], crlf))
-	c.changed = true
-	m.quiet = false // memcached answers a creation even when asked quietly
-	return false, c.metaArithmeticAnswer(m, n, cas, -1, true)
 }
 
 // metaTTL walks ma's flags in order as memcached does: T sets the item's

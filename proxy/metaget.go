@@ -59,37 +59,16 @@ func (c *conn) metaRead(k string) (line []byte, call *upstream.Call, srv *upstre
 // sidecar raced, since the read noted k's write count as noted, is not
 // sent, or deleted again (see writeGuard).
 func (c *conn) metaFill(k string, m *metaReq, r *metaReply, stored []byte, storedFlags uint32, noted uint64) {
-	var exptime int64
-	switch tok, _ := r.flag('t'); {
-	case m.hasTTL:
-		exptime = int64(m.ttl)
-	case string(tok) == "-1":
-	default:
-		ttl, ok := wire.ParseDecimal(tok, 1<<31-1)
-		if !ok || ttl == 0 {
-			return // gone in under a second: not worth it
-		}
-		exptime = wire.ExptimeOf(int32(ttl))
+	exptime, ok := metaFillExptime(m, r)
+	if !ok {
+		return
 	}
 	if c.p.wroteSince(k, noted) {
 		c.p.fills[fillDropped].Add(1)
 		return
 	}
 	c.flush()
-	req := append(c.alignReq[:0], "ms "...)
-	if m.wireBin {
-		req = appendBase64(req, []byte(k))
-	} else {
-		req = append(req, k...)
-	}
-	req = append(req, ' ')
-	req = strconv.AppendInt(req, int64(len(stored)), 10)
-	if m.wireBin {
-		req = append(req, " b"...)
-	}
-	req = appendMetaFlag(req, 'F', int64(storedFlags))
-	req = appendMetaFlag(req, 'T', exptime)
-	c.alignReq = append(req, " ME\r\n"...)
+	c.alignReq = appendMetaFill(c.alignReq[:0], k, m.wireBin, len(stored), storedFlags, exptime)
 	zc := &c.zs[0]
 	line, err := sendOn(zc.cmd, zc.up.Servers[zc.up.Pick(k, c.p.cfg.EjectRehash)], c.alignReq, stored)
 	result := fillNotStored
@@ -105,6 +84,44 @@ func (c *conn) metaFill(k string, m *metaReq, r *metaReply, stored []byte, store
 		result = fillDropped
 	}
 	c.p.fills[result].Add(1)
+}
+
+// metaFillExptime is the exptime a fill of mg m's hit r stores with: the
+// touch's new one, or the item's remaining time to live. ok is false for
+// an item gone in under a second, which is not worth it.
+func metaFillExptime(m *metaReq, r *metaReply) (exptime int64, ok bool) {
+	switch tok, _ := r.flag('t'); {
+	case m.hasTTL:
+		return int64(m.ttl), true
+	case string(tok) == "-1":
+		return 0, true
+	default:
+		ttl, ok := wire.ParseDecimal(tok, 1<<31-1)
+		if !ok || ttl == 0 {
+			return 0, false
+		}
+		return wire.ExptimeOf(int32(ttl)), true
+	}
+}
+
+// appendMetaFill appends the ms line of a fill: k, in base64 when bin,
+// with size bytes of the item's flags and exptime, stored only where the
+// local zone has no item (mode E).
+func appendMetaFill(dst []byte, k string, bin bool, size int, flags uint32, exptime int64) []byte {
+	dst = append(dst, "ms "...)
+	if bin {
+		dst = appendBase64(dst, []byte(k))
+	} else {
+		dst = append(dst, k...)
+	}
+	dst = append(dst, ' ')
+	dst = strconv.AppendInt(dst, int64(size), 10)
+	if bin {
+		dst = append(dst, " b"...)
+	}
+	dst = appendMetaFlag(dst, 'F', int64(flags))
+	dst = appendMetaFlag(dst, 'T', exptime)
+	return append(dst, " ME\r\n"...)
 }
 
 // metaGet answers mg. It asks upstream for the value and flags whenever
@@ -146,44 +163,78 @@ func (c *conn) metaGet(w [][]byte) error {
 		line, err = sendOn(zc.cmd, srv, c.req, nil)
 		call, from = zc.cmd, 0
 	}
+	var value []byte
+	if err == nil {
+		value = call.Arena
+	}
+	r, storedFlags, damaged := c.metaGetAnswer(m, bound, line, value, srv, err)
+	if damaged {
+		c.req = appendKeyCommand(c.req[:0], "delete ", k, nil)
+		if line, err := c.send(srv, c.req, nil); err == nil && bytes.Equal(line, replyDeleted) {
+			c.p.stats.codecDeleted.Add(1)
+		}
+	}
+	if r == nil {
+		return nil
+	}
+	if from > 0 && filling {
+		c.metaFill(k, m, r, value, storedFlags, noted)
+	}
+	if m.hasTTL && c.zs != nil && c.p.cfg.ZoneWrites != zoneWritesLocal {
+		// The other zones get the new time to live, as for gat (see
+		// touchZonesBut), by an mg with T: the key in its wire form
+		// (base64 with b), which a touch line cannot carry.
+		c.flush() // the client's reply first
+		c.alignReq = appendMetaFlag(appendMetaHead(c.alignReq[:0], "mg ", k, m.wireBin), 'T', int64(m.ttl))
+		c.alignZones(from, k, append(c.alignReq, crlf...), nil)
+	}
+	return nil
+}
+
+// metaGetAnswer answers mg m, whose key's value is bound to it when
+// bound, from memcached's reply line and the value of a hit (or err, from
+// srv), as both paths answer it. For a hit it returns the reply, parsed,
+// and the item's flags as memcached holds them, for a fill; damaged
+// reports an envelope that is to be deleted.
+func (c *conn) metaGetAnswer(m *metaReq, bound bool, line, value []byte, srv *upstream.Server, err error) (hit *metaReply, storedFlags uint32, damaged bool) {
 	if err != nil {
 		if c.p.cfg.RetrievalFailure == failureError {
-			return c.upstreamError(cmdMetaGet, srv, err)
+			c.upstreamError(cmdMetaGet, srv, err)
+			return nil, 0, false
 		}
 		// A miss for the client, an upstream error in the counters.
 		srv.DropIdle(err)
 		c.metaCountKey(m, false)
 		c.p.stats.record(cmdMetaGet, outcomeUpstreamError)
 		c.writeMetaMiss(m)
-		return nil
+		return nil, 0, false
 	}
 	r, ok := c.metaParse(line)
 	if !ok || r.code != [2]byte{'V', 'A'} && r.code != [2]byte{'H', 'D'} {
 		if bytes.HasPrefix(line, metaCodeMiss) {
 			c.metaCountKey(m, false)
 			c.metaMiss(m)
-			return nil
+			return nil, 0, false
 		}
 		// memcached's own error (refcount overflow, out of memory).
 		c.answer(cmdMetaGet, line)
-		return nil
+		return nil, 0, false
 	}
-	value := call.Arena
 	var flags uint32
 	if tok, ok := r.flag('f'); ok {
 		flags, _ = wire.ParseUint32(tok)
 	}
-	stored, storedFlags := value, flags
-	if codec {
+	storedFlags = flags
+	if c.p.codec != nil {
 		enveloped := c.p.codec.IsEnveloped(flags)
 		switch {
 		case enveloped:
 			c.keyBuf = append(c.keyBuf[:0], m.key...)
-			value, flags, ok = c.open(srv, c.keyBuf, k, bound, flags, value)
+			value, flags, ok, damaged = c.openValue(c.keyBuf, bound, flags, value)
 			if !ok {
 				c.metaCountKey(m, false)
 				c.metaMiss(m)
-				return nil
+				return nil, 0, damaged
 			}
 		case bound && (len(value) > 0 || flags != 0):
 			// Under a rewritten key, a plain item is some client's own
@@ -192,9 +243,10 @@ func (c *conn) metaGet(w [][]byte) error {
 			c.p.stats.keyUnbound.Add(1)
 			c.metaCountKey(m, false)
 			c.metaMiss(m)
-			return nil
+			return nil, 0, false
 		}
 	}
+	codec := c.p.codec != nil
 	c.metaCountKey(m, true)
 	c.p.stats.record(cmdMetaGet, outcomeHit)
 	out := c.mst.out[:0]
@@ -238,18 +290,7 @@ func (c *conn) metaGet(w [][]byte) error {
 		c.wr.Write(value)
 		c.wr.Write(crlf)
 	}
-	if from > 0 && filling {
-		c.metaFill(k, m, r, stored, storedFlags, noted)
-	}
-	if m.hasTTL && c.zs != nil && c.p.cfg.ZoneWrites != zoneWritesLocal {
-		// The other zones get the new time to live, as for gat (see
-		// touchZonesBut), by an mg with T: the key in its wire form
-		// (base64 with b), which a touch line cannot carry.
-		c.flush() // the client's reply first
-		c.alignReq = appendMetaFlag(appendMetaHead(c.alignReq[:0], "mg ", k, m.wireBin), 'T', int64(m.ttl))
-		c.alignZones(from, k, append(c.alignReq, crlf...), nil)
-	}
-	return nil
+	return r, storedFlags, false
 }
 
 // appendMetaGet appends the mg that asks upstream for what the client's
@@ -312,8 +353,16 @@ func (c *conn) metaDebug(w [][]byte) error {
 	}
 	c.req = append(appendMetaHead(c.req[:0], "me ", k, m.wireBin), crlf...)
 	line, _, srv, _, err := c.metaRead(k)
+	c.metaDebugAnswer(m, k, line, srv, err)
+	return nil
+}
+
+// metaDebugAnswer answers me m of upstream key k from memcached's reply
+// line, or err, from srv, as both paths answer it.
+func (c *conn) metaDebugAnswer(m *metaReq, k string, line []byte, srv *upstream.Server, err error) {
 	if err != nil {
-		return c.upstreamError(cmdMetaDebug, srv, err)
+		c.upstreamError(cmdMetaDebug, srv, err)
+		return
 	}
 	rest, ok := bytes.CutPrefix(line, []byte("ME "))
 	if !ok {
@@ -323,7 +372,7 @@ func (c *conn) metaDebug(w [][]byte) error {
 		}
 		c.p.stats.record(cmdMetaDebug, oc)
 		c.wr.Write(line)
-		return nil
+		return
 	}
 	c.p.stats.record(cmdMetaDebug, outcomeHit)
 	sent, info, _ := bytes.Cut(rest, []byte{' '})
@@ -336,5 +385,4 @@ func (c *conn) metaDebug(w [][]byte) error {
 	out = append(append(out, ' '), info...)
 	c.mst.out = out
 	c.wr.Write(out)
-	return nil
 }

@@ -218,7 +218,13 @@ func (c *conn) metaTooLarge(k string, m *metaReq, n int) error {
 // missing item is NS (or, asked quietly by modifyInZones, no answer), a
 // CAS the item no longer has is EX. The client key is in c.keyBuf.
 func (c *conn) metaJoinEnveloped(m *metaReq, srv *upstream.Server, k string, bound bool, data []byte) error {
-	return c.readModifyWrite(cmdMetaSet, srv, k, c.keyBuf, bound, m.rk.postings, rmw{
+	return c.readModifyWrite(cmdMetaSet, srv, k, c.keyBuf, bound, m.rk.postings, c.metaJoinOp(m, data))
+}
+
+// metaJoinOp is the read-modify-write of ms m in append or prepend mode,
+// of data.
+func (c *conn) metaJoinOp(m *metaReq, data []byte) rmw {
+	return rmw{
 		missing: func() (bool, error) { return false, c.metaSetAnswer(m, metaCodeNotStore, nil) },
 		change: func(old []byte, it *upstream.MetaItem) (bool, error) {
 			if m.hasCAS && it.CAS != m.cas {
@@ -233,7 +239,7 @@ func (c *conn) metaJoinEnveloped(m *metaReq, srv *upstream.Server, k string, bou
 			}
 			return true, c.metaSetAnswer(m, metaCodeStored, strconv.AppendUint(c.scratch[:0], cas, 10))
 		},
-	})
+	}
 }
 
 // metaDelete answers md. A plain delete or invalidation reaches every

@@ -102,10 +102,14 @@ func (lc *loopClient) charge(s *loopSlot, n int) {
 func (lc *loopClient) made(s *loopSlot) {
 	n := bufsLen(s.out)
 	lc.charge(s, n)
-	if len(s.owners) == 0 {
+	keys := len(s.owners)
+	if s.id == cmdMetaGet {
+		keys = 1
+	}
+	if keys == 0 {
 		return
 	}
-	per := max(n/len(s.owners), 1)
+	per := max(n/keys, 1)
 	lc.perKey = max(per, lc.perKey-lc.perKey/8)
 }
 

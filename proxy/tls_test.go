@@ -542,11 +542,9 @@ func loopTLSUpstreams(p *Proxy) int {
 
 // TestTLSClientsOnTheLoop: TLS clients on the event loop (the default),
 // several at once: pipelined sets and gets of values of every size, with
-// replies of many TLS records; a command the loop does not answer moves
-// the connection, TLS session and all, to the goroutine path, with the
-// replies owed and the requests read after it; a client that writes its
-// requests a byte at a time, in a record each; a client that ends its
-// session with replies owed.
+// replies of many TLS records; a refused set between gets; a client that
+// writes its requests a byte at a time, in a record each; a client that
+// ends its session with replies owed.
 func TestTLSClientsOnTheLoop(t *testing.T) {
 	pki := newTestPKI(t, "clients")
 	cert, key := pki.issue(t, "proxy", x509.ExtKeyUsageServerAuth)
@@ -585,19 +583,18 @@ func TestTLSClientsOnTheLoop(t *testing.T) {
 				return fmt.Errorf("client %d: the get answered %d bytes (%v), want %d: %q", c, len(got), err, len(want), short(got))
 			}
 		}
-		// A meta command moves the connection: the get before it is owed,
-		// the one after it is read already.
+		// A refused set between gets, in one write.
 		one := fmt.Sprintf("c%d-1", c)
-		if _, err := io.WriteString(tc, "get "+one+"\r\nmg nokey v\r\n"+get); err != nil {
+		if _, err := io.WriteString(tc, "get "+one+"\r\n"+refusedSet+get); err != nil {
 			return err
 		}
-		for i, w := range []string{valueReply(one, 0, keyedValue(one, 1)), "EN\r\n", want} {
+		for i, w := range []string{valueReply(one, 0, keyedValue(one, 1)), refusedSetReply, want} {
 			if got, err := readReply(br); err != nil || got != w {
-				return fmt.Errorf("client %d: reply %d around the handover: %q (%v), want %q", c, i, short(got), err, short(w))
+				return fmt.Errorf("client %d: reply %d around the refused set: %q (%v), want %q", c, i, short(got), err, short(w))
 			}
 		}
 		if got := roundTrip(tc, get); got != want {
-			return fmt.Errorf("client %d: a get on the goroutine path answered %d bytes, want %d", c, len(got), len(want))
+			return fmt.Errorf("client %d: a get after them answered %d bytes, want %d", c, len(got), len(want))
 		}
 		return nil
 	}
@@ -611,8 +608,8 @@ func TestTLSClientsOnTheLoop(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	if n := loopHandovers(p); n != clients {
-		t.Errorf("%d connections left the loop, want %d (at mg)", n, clients)
+	if n := loopHandovers(p); n != 0 {
+		t.Errorf("%d connections left the loop, want none", n)
 	}
 
 	// A byte a time: each write makes a TLS record of one byte.
@@ -666,19 +663,17 @@ func TestTLSClientsOnTheLoop(t *testing.T) {
 	if got := roundTrip(tc, "get two\r\n"); got != "VALUE two 0 1\r\n2\r\nEND\r\n" {
 		t.Errorf("the set sent before close_notify: get answered %q", got)
 	}
-	if n := loopHandovers(p); n != clients {
-		t.Errorf("%d connections left the loop, want %d (at mg)", n, clients)
+	if n := loopHandovers(p); n != 0 {
+		t.Errorf("%d connections left the loop, want none", n)
 	}
 }
 
-// TestTLSClientHandedOverWhileTheLoopHoldsRecords pipelines gets of a 16 KiB
-// value over TLS and reads nothing until evloop holds encrypted replies the
-// socket did not take; then the connection moves to the goroutine path,
-// at a meta command, or because the client ended its session and its
-// side of the connection. The records evloop held and dropped must reach
-// the client first, the rest of the session after them: every reply
-// decrypts, whole and in order.
-func TestTLSClientHandedOverWhileTheLoopHoldsRecords(t *testing.T) {
+// TestTLSClientEndsItsSessionWhileTheLoopHoldsRecords pipelines gets of a
+// 16 KiB value over TLS and reads nothing until evloop holds encrypted
+// replies the socket did not take; then the client ends its session and
+// its side of the connection. Every reply owed must still reach it, whole
+// and in order, and then the session's end.
+func TestTLSClientEndsItsSessionWhileTheLoopHoldsRecords(t *testing.T) {
 	needsWrittenCount(t)
 	pki := newTestPKI(t, "clients")
 	cert, key := pki.issue(t, "proxy", x509.ExtKeyUsageServerAuth)
@@ -692,7 +687,7 @@ func TestTLSClientHandedOverWhileTheLoopHoldsRecords(t *testing.T) {
 	value := strings.Repeat("t", 16<<10)
 	want := "VALUE big 0 16384\r\n" + value + "\r\nEND\r\n"
 	const gets = 500
-	for i := range 2 {
+	{
 		raw := dialSmallWindow(t, addr)
 		tc := tls.Client(raw, &tls.Config{RootCAs: roots, ServerName: "127.0.0.1"})
 		if got := roundTrip(tc, "set big 0 0 16384\r\n"+value+"\r\n"); got != "STORED\r\n" {
@@ -703,32 +698,20 @@ func TestTLSClientHandedOverWhileTheLoopHoldsRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 		time.Sleep(200 * time.Millisecond)
-		replies := []string{}
-		if i == 0 {
-			io.WriteString(tc, "mg nokey v\r\nget big\r\n")
-			replies = []string{"EN\r\n", want}
-		} else {
-			tc.CloseWrite()                 // close_notify
-			raw.(*net.TCPConn).CloseWrite() // and the end of the stream
-		}
+		tc.CloseWrite()                 // close_notify
+		raw.(*net.TCPConn).CloseWrite() // and the end of the stream
 		time.Sleep(100 * time.Millisecond)
 		br := bufio.NewReader(tc)
-		for j := range gets + len(replies) {
-			w := want
-			if j >= gets {
-				w = replies[j-gets]
-			}
-			if got, err := readReply(br); err != nil || got != w {
-				t.Fatalf("case %d, reply %d: %q (%v), want %q", i, j, short(got), err, short(w))
-			}
-			if i == 0 {
-				// Slowly: evloop still holds replies when the loop has
-				// written the last one it owes and hands over.
-				time.Sleep(time.Millisecond)
+		for j := range gets {
+			if got, err := readReply(br); err != nil || got != want {
+				t.Fatalf("reply %d: %q (%v), want %q", j, short(got), err, short(want))
 			}
 		}
-		if n := loopHandovers(p); n != 1 {
-			t.Errorf("case %d: %d connections left the loop, want 1 (at mg; the end of a session is answered on the loop)", i, n)
+		if b, err := br.ReadByte(); err != io.EOF {
+			t.Errorf("after the replies: read %q (%v), want the session's end (close_notify)", b, err)
+		}
+		if n := loopHandovers(p); n != 0 {
+			t.Errorf("%d connections left the loop, want none", n)
 		}
 	}
 }

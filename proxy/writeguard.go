@@ -131,6 +131,14 @@ func ownWrite(n uint64) uint64 {
 	return n + writeBegin
 }
 
+// ownWriteEnded is ownWrite once the read's own write has ended too.
+func ownWriteEnded(n uint64) uint64 {
+	if n == noteNever {
+		return n
+	}
+	return n - 1
+}
+
 // writing marks a write of upstream key k as begun, before it goes
 // upstream, and drops k's entry from the tier. wrote marks it ended, once
 // it is answered, and drops the entry again: a read that overlapped the

@@ -112,24 +112,10 @@ func ParseMetaValue(line []byte) (size int, it MetaItem, err error) {
 // lost the write may have happened, and joining twice would corrupt the
 // value.
 func (p *rawPool) storeIfUnchanged(key string, it MetaItem, value []byte) (conflict, notStored bool, cas uint64, err error) {
-	ttl := wire.ExptimeOf(it.TTL)
 	// Once, under the server's health.
 	err = p.guard(func() error {
 		return p.once(func(c *rawConn) error {
-			b := append(c.rw.AvailableBuffer(), "ms "...)
-			b = append(b, key...)
-			b = append(b, ' ')
-			b = strconv.AppendInt(b, int64(len(value)), 10)
-			b = append(b, " C"...)
-			b = strconv.AppendUint(b, it.CAS, 10)
-			b = append(b, " F"...)
-			b = strconv.AppendUint(b, uint64(it.Flags), 10)
-			b = append(b, " T"...)
-			b = strconv.AppendInt(b, ttl, 10)
-			b = append(b, " c\r\n"...)
-			c.rw.Write(b)
-			c.rw.Write(value)
-			c.rw.Write(crlf)
+			c.rw.Write(AppendStoreIfUnchanged(c.rw.AvailableBuffer(), key, it, value))
 			if err := c.rw.Flush(); err != nil {
 				return err
 			}
@@ -137,21 +123,47 @@ func (p *rawPool) storeIfUnchanged(key string, it MetaItem, value []byte) (confl
 			if err != nil {
 				return err
 			}
-			switch {
-			case bytes.HasPrefix(line, storedWithCAS) && bytes.HasSuffix(line, crlf):
-				var ok bool
-				if cas, ok = wire.ParseDecimal(line[len(storedWithCAS):len(line)-2], math.MaxUint64); !ok {
-					return fmt.Errorf("%w: %q", errUnexpectedReply, line)
-				}
-			case bytes.HasPrefix(line, metaExists[:2]), bytes.HasPrefix(line, metaNotFound[:2]):
-				conflict = true
-			case bytes.HasPrefix(line, metaNotStore[:2]), bytes.Equal(line, replyTooLarge):
-				notStored = true
-			default:
-				return fmt.Errorf("%w: %q", errUnexpectedReply, line)
-			}
-			return nil
+			conflict, notStored, cas, err = StoreIfUnchangedReply(line)
+			return err
 		})
 	})
 	return conflict, notStored, cas, err
+}
+
+// AppendStoreIfUnchanged appends the request StoreIfUnchanged sends: an
+// ms of value under key with the item's flags and remaining time to live,
+// only if it still has it.CAS, asking for the new CAS value.
+func AppendStoreIfUnchanged(b []byte, key string, it MetaItem, value []byte) []byte {
+	b = append(b, "ms "...)
+	b = append(b, key...)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, int64(len(value)), 10)
+	b = append(b, " C"...)
+	b = strconv.AppendUint(b, it.CAS, 10)
+	b = append(b, " F"...)
+	b = strconv.AppendUint(b, uint64(it.Flags), 10)
+	b = append(b, " T"...)
+	b = strconv.AppendInt(b, wire.ExptimeOf(it.TTL), 10)
+	b = append(b, " c\r\n"...)
+	b = append(b, value...)
+	return append(b, crlf...)
+}
+
+// StoreIfUnchangedReply reads memcached's reply line to that request (see
+// StoreIfUnchanged).
+func StoreIfUnchangedReply(line []byte) (conflict, notStored bool, cas uint64, err error) {
+	switch {
+	case bytes.HasPrefix(line, storedWithCAS) && bytes.HasSuffix(line, crlf):
+		var ok bool
+		if cas, ok = wire.ParseDecimal(line[len(storedWithCAS):len(line)-2], math.MaxUint64); !ok {
+			return false, false, 0, fmt.Errorf("%w: %q", errUnexpectedReply, line)
+		}
+	case bytes.HasPrefix(line, metaExists[:2]), bytes.HasPrefix(line, metaNotFound[:2]):
+		conflict = true
+	case bytes.HasPrefix(line, metaNotStore[:2]), bytes.Equal(line, replyTooLarge):
+		notStored = true
+	default:
+		return false, false, 0, fmt.Errorf("%w: %q", errUnexpectedReply, line)
+	}
+	return conflict, notStored, cas, nil
 }

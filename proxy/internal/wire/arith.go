@@ -40,13 +40,21 @@ func AppendArith(dst []byte, incr bool, key []byte, delta uint64, tag uint32) []
 // ArithLine reports whether line begins a reply to AppendArith's request
 // with a data block to follow, and how long the block is, with its CRLF.
 func ArithLine(line []byte) (block int, ok bool) {
+	return MetaValueBlock(line, 20) // a 64-bit number has at most 20 digits
+}
+
+// MetaValueBlock reports whether line is a meta reply "VA <size> ..."
+// with a data block of at most max bytes to follow, and how long the
+// block is, with its CRLF. Its flags are not read: what memcached
+// returns of them depends on what the client asked.
+func MetaValueBlock(line []byte, max uint64) (block int, ok bool) {
 	rest, found := bytes.CutPrefix(line, metaValue)
 	if !found {
 		return 0, false
 	}
 	word, _, _ := bytes.Cut(rest, []byte{' '})
 	word = bytes.TrimSuffix(word, crlf)
-	n, valid := ParseDecimal(word, 20) // a 64-bit number has at most 20 digits
+	n, valid := ParseDecimal(word, max)
 	return int(n) + 2, valid
 }
 
@@ -73,6 +81,22 @@ func ArithReply(reply []byte, tag uint32) (classic []byte, ok bool) {
 		return block, true
 	}
 	return nil, false
+}
+
+// MetaTagged reports whether reply, memcached's whole reply to a meta
+// arithmetic request of the client's own that went upstream with the
+// opaque token O<tag> added (whose other flags the proxy does not know),
+// echoes the token, or is memcached's error line, which echoes nothing.
+func MetaTagged(reply []byte, tag uint32) bool {
+	i := bytes.IndexByte(reply, '\n')
+	if i < 0 {
+		return false
+	}
+	line, block := reply[:i+1], reply[i+1:]
+	if len(block) == 0 && IsError(line) && !OutOfStep(line) {
+		return true
+	}
+	return bytes.HasSuffix(line, crlf) && taggedWith(line[:len(line)-2], tag) && (len(block) == 0 || isNumberLine(block))
 }
 
 // taggedWith reports whether the words after a meta reply's code include
