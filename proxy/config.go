@@ -147,7 +147,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.Var(&c.LocalCacheSize, "local-cache-size", "memory of the local tier, which serves values that never change (keys of a scheme marked immutable: block-scoped index-cache keys, byte ranges of block files) from the sidecar itself, counted as values, keys and bookkeeping (bytes, or with k/m/g suffix); 0 turns it off")
 	c.TLS.registerFlags(fs)
 	c.UpstreamTLS.registerFlags(fs)
-	fs.IntVar(&c.EventLoops, "event-loops", EventLoopsAuto, "serve clients on this many event loops, each with its own upstream connections, instead of a goroutine per connection (every classic command is answered on the loop, values enveloped and keys rewritten there; a connection that sends a meta command, a read-modify-write of an enveloped value, or a storage command with a bad argument or data block moves to the goroutine path); 0: a goroutine per connection; -1 (auto): one loop on Linux, a goroutine per connection elsewhere")
+	fs.IntVar(&c.EventLoops, "event-loops", EventLoopsAuto, "serve clients on this many event loops, each with its own upstream connections, instead of a goroutine per connection (every command is answered on the loop, values enveloped and keys rewritten there); 0: a goroutine per connection; -1 (auto): one loop on Linux, a goroutine per connection elsewhere")
 	fs.IntVar(&c.MetricsTenants, "metrics-tenants", 20, "busiest tenants with per-tenant metrics of their own (the rest are counted as \"other\"); 0: no per-tenant metrics")
 }
 

@@ -151,16 +151,8 @@ func (c *conn) attach(nc net.Conn) {
 	c.rd = newReader(cc, readBufferSize, int(c.p.cfg.MaxRequestLine), c.p.keyLine, c.flush)
 }
 
-// adopt takes over a connection from its event loop: nc is its socket
-// now, and prefix the bytes the loop read but did not handle.
-func (c *conn) adopt(nc net.Conn, prefix []byte) {
-	c.wakeMu.Lock()
-	c.attach(nc)
-	c.wakeMu.Unlock()
-	c.rd.prime(prefix)
-}
-
-// sock returns the connection's socket, which adopt may change.
+// sock returns the connection's socket, which a TLS client's enrolment
+// on a loop changes (see enrollTLS).
 func (c *conn) sock() net.Conn {
 	c.wakeMu.Lock()
 	defer c.wakeMu.Unlock()
@@ -328,7 +320,7 @@ func (c *conn) lingerUntil() time.Time {
 // serveBlocking runs a connection whose socket the proxy cannot wait on
 // itself (TLS): it reads, handles what arrived, and reads again.
 func (c *conn) serveBlocking() error {
-	c.markBusy() // requests an event loop handed over may be read already
+	c.markBusy()
 	// spared: the run of the idle clock spareLate spared, if any.
 	var spared time.Time
 	for {
@@ -442,8 +434,7 @@ func (c *conn) logClose(err error) {
 	}
 }
 
-// remoteOf names the client at the other end of nc. A socket an event loop
-// handed over may no longer know it once the client is gone.
+// remoteOf names the client at the other end of nc, if it still knows it.
 func remoteOf(nc net.Conn) string {
 	if a := nc.RemoteAddr(); a != nil {
 		return a.String()

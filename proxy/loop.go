@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"mcsidecar/proxy/evloop"
-	"mcsidecar/proxy/internal/sockio"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -24,18 +23,16 @@ import (
 // one poll returned, whatever batches are still in flight before them,
 // and replies come back in order.
 //
-// The loop answers the commands store-gateways send all day: get and
-// gets, the storage commands (values enveloped and keys rewritten as on
-// the goroutine path), delete, touch, incr and decr, gat and gats, the
-// meta writes ms and md (see loopmeta.go), and version; not mg, ma and
-// me, nor the read-modify-writes of enveloped values. With zones, a retrieval falls
-// through the zones as on the goroutine path, the hits of other zones
-// filling the local one, and writes keep the zones in line as there. The
-// local tier is read first, and filled, as there too: local tier, local
-// zone, other zones.
-// At the first command it does not answer, the connection is handed, with
-// the bytes it has not read yet and the replies still owed, to the
-// goroutine path, which answers everything.
+// The loop answers every command, each as explicit state that goes on when
+// memcached answers: the retrievals, the storage commands (values
+// enveloped and keys rewritten as on the goroutine path), delete, touch,
+// incr and decr, the meta commands (loopmeta.go, loopmetaget.go), the
+// read-modify-writes of enveloped values (loopmodify.go), flush_all, and
+// what the sidecar answers itself (version, verbosity, mn, stats). With
+// zones, a retrieval falls through the zones as on the goroutine path,
+// the hits of other zones filling the local one, and writes keep the zones
+// in line as there. The local tier is read first, and filled, as there
+// too: local tier, local zone, other zones.
 
 // loopTick is how often each loop checks its upstream deadlines, idle
 // clients and a shutdown.
@@ -361,10 +358,10 @@ func (l *eventLoops) enrollTLS(c *conn, raw net.Conn, t *loopTLS) {
 	if err == nil {
 		lc := &loopClient{c: c, last: time.Now(), tls: t}
 		c.lc = lc
-		// While the loop has it, the connection's socket is the one evloop
-		// closes once it has a duplicate, as for a plain client: closing
-		// the TLS session from elsewhere would write into the bridge.
-		// A shutdown reaches the socket under wakeMu.
+		// The connection's socket is the one evloop closes, as for a
+		// plain client: closing the TLS session from elsewhere would
+		// write into the bridge. A shutdown reaches the socket under
+		// wakeMu.
 		c.wakeMu.Lock()
 		c.nc, t.b.loop = raw, true
 		c.wakeMu.Unlock()
@@ -395,8 +392,6 @@ func (l *eventLoops) OnOpen(gc *evloop.Conn) evloop.Action {
 		// Idle from when the loop has it: a loop that was busy when the
 		// connection came must not take it as idle before reading it.
 		x.last = time.Now()
-		_, err := sockio.Written(gc.Fd())
-		x.counted = err == nil
 		x.ls = l.state(gc.Loop())
 		x.ls.clients[x] = struct{}{}
 		if x.tls != nil {
@@ -483,7 +478,7 @@ func (l *eventLoops) OnPollEnd(el *evloop.Loop) {
 }
 
 // OnReadEnd keeps a plain client that ended its side until it has its
-// replies (see readEnd); an upstream server, or a TLS client, that ends
+// replies (see leave); an upstream server, or a TLS client, that ends
 // its side is closed.
 func (l *eventLoops) OnReadEnd(gc *evloop.Conn) evloop.Action {
 	lc, ok := gc.Context().(*loopClient)
@@ -491,14 +486,14 @@ func (l *eventLoops) OnReadEnd(gc *evloop.Conn) evloop.Action {
 		return evloop.Close
 	}
 	lc.ls.clock()
-	return lc.readEnd()
+	return lc.leave()
 }
 
 func (l *eventLoops) OnClose(gc *evloop.Conn, err error) {
 	switch x := gc.Context().(type) {
 	case *loopClient:
 		x.ls.clock()
-		x.closed(err)
+		x.closed()
 	case *loopUpstream:
 		x.ls.clock()
 		if x.gc == gc {
@@ -540,13 +535,8 @@ func (ls *loopState) check() {
 	}
 	idle := p.cfg.IdleTimeout
 	for lc := range ls.clients {
-		if lc.kept != nil && lc.gc.OutboundBuffered() == 0 {
-			lc.kept = nil // an idle connection keeps no buffer
-		}
 		lc.noteOut()
 		switch {
-		case lc.moveNow():
-			lc.gc.Close()
 		case lc.full() || lc.held && lc.waits() && lc.gc.OutboundBuffered() > 0:
 			// Its replies, or its requests, wait for it to read those
 			// evloop holds.

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/netip"
 	"slices"
@@ -13,27 +14,22 @@ import (
 
 // loopClient is one client connection on a loop.
 type loopClient struct {
-	c     *conn
-	gc    *evloop.Conn
-	ls    *loopState
-	slots []*loopSlot // replies owed, in request order
-	// handoff asks OnClose to hand the connection to the goroutine path;
-	// closing marks a close the loop asked for itself.
-	handoff, closing bool
-	hangUp           bool // the command read is an HTTP request
-	quit             bool // the client sent quit: the connection closes, nothing more is read
-	ended            bool // the client ended its side: it closes once answered (see readEnd)
-	inProcess        bool // process is running: replies made meanwhile are written when it ends
-	inTraffic        bool // in the client's own OnTraffic, which closes it by its return
-	writing          bool // written is running
-	held             bool // replies or requests wait until evloop holds fewer bytes of replies (loopOutMax)
-	inHeld           bool // in loopState.held
-	unread           int  // bytes buffered that were already counted
-	last             time.Time
-	hand             *handover // replies owed to a connection handed over
-	iov              []syscall.Iovec
-	tls              *loopTLS // the connection's TLS server, with --tls-cert-path
-	kept             []byte   // a copy of at least the bytes evloop holds to write (see keep)
+	c         *conn
+	gc        *evloop.Conn
+	ls        *loopState
+	slots     []*loopSlot // replies owed, in request order
+	hangUp    bool        // the command read is an HTTP request
+	quit      bool        // the client sent quit: the connection closes, nothing more is read
+	ended     bool        // the client ended its side: it closes once answered (see readEnd)
+	inProcess bool        // process is running: replies made meanwhile are written when it ends
+	inTraffic bool        // in the client's own OnTraffic, which closes it by its return
+	writing   bool        // written is running
+	held      bool        // replies or requests wait until evloop holds fewer bytes of replies (loopOutMax)
+	inHeld    bool        // in loopState.held
+	unread    int         // bytes buffered that were already counted
+	last      time.Time
+	iov       []syscall.Iovec
+	tls       *loopTLS // the connection's TLS server, with --tls-cert-path
 	// What the client is owed (see output.go): the bytes its slots are
 	// charged, the bytes evloop held for it when last looked at, a key's
 	// share of its replies lately, at most, and the keys of the retrieval
@@ -56,9 +52,6 @@ type loopClient struct {
 	// whole.
 	pend   []byte
 	pendSh *loopShare
-	// counted: the socket counts the bytes it was given (sockio.Written),
-	// so the connection can move while evloop holds some (TCP on Linux).
-	counted bool
 }
 
 // loopPendMin is the length from which a storage command (line, value and
@@ -109,15 +102,13 @@ func (lc *loopClient) traffic() evloop.Action {
 		// The client ended its TLS session after requests not all
 		// answered: as a plain client that half-closes, it is answered,
 		// and its session ended once the replies are written.
-		lc.gc.PauseReading()
-		return lc.readEnd()
+		return lc.leave()
 	default:
 		// Ended with nothing owed, or broken: closed at once.
-		lc.closing = true
 		return evloop.Close
 	}
 	lc.pace()
-	if lc.moveNow() || len(lc.slots) == 0 && lc.c.p.draining() && lc.gc.OutboundBuffered() == 0 && !lc.inBlock() {
+	if len(lc.slots) == 0 && lc.c.p.draining() && lc.gc.OutboundBuffered() == 0 && !lc.inBlock() {
 		return evloop.Close // what written leaves to this callback's return
 	}
 	return evloop.None
@@ -139,19 +130,6 @@ func (lc *loopClient) pace() {
 	case !reading && (!waiting || lc.unread <= loopUnreadMax/2):
 		lc.gc.ResumeReading()
 	}
-}
-
-// moveNow reports whether a connection the loop hands over moves now: no
-// reply is owed on the loop, and it is movable.
-func (lc *loopClient) moveNow() bool {
-	return lc.handoff && len(lc.slots) == 0 && lc.movable()
-}
-
-// movable reports whether the connection can move to the goroutine path
-// now: evloop holds none of its replies, or the socket counts what evloop
-// writes of them before it drops the rest (see unwritten).
-func (lc *loopClient) movable() bool {
-	return lc.counted || lc.gc.OutboundBuffered() == 0
 }
 
 // unhandled returns the bytes gc brought that are not handled yet: evloop's,
@@ -186,10 +164,9 @@ func (lc *loopClient) buffered() int {
 	return len(lc.pend) + lc.gc.InboundBuffered()
 }
 
-// process answers the whole requests buffered, until it meets one it
-// hands over.
+// process answers the whole requests buffered, up to loopMaxSlots owed.
 func (lc *loopClient) process() {
-	if lc.handoff || lc.inProcess || lc.quit {
+	if lc.inProcess || lc.quit {
 		return
 	}
 	if lc.waits() {
@@ -212,11 +189,7 @@ func (lc *loopClient) process() {
 	off := min(lc.skip, len(data)) // the rest of a data block refused
 	lc.skip -= off
 	for off < len(data) && len(lc.slots) < loopMaxSlots {
-		n, ok := lc.request(data[off:])
-		if !ok {
-			lc.handoff = true
-			break
-		}
+		n := lc.request(data[off:])
 		if lc.hangUp {
 			// memcached hangs up on an HTTP request without sending the
 			// replies to the commands read with it.
@@ -248,35 +221,19 @@ func (lc *loopClient) process() {
 	}
 }
 
-// closeSelf closes the connection as the loop's own decision: nothing is
-// handed over, whatever is owed (see closed).
+// closeSelf closes the connection: whatever is owed is dropped (see
+// closed).
 func (lc *loopClient) closeSelf() {
-	lc.closing = true
 	lc.gc.Close()
 }
 
-// readEnd handles the end of a client's side, as memcached does: the
-// requests read before it are answered, and the connection closes once
-// their replies are written; a request begun and not ended is dropped.
-// The client stays on the loop meanwhile. A connection on its way to the
-// goroutine path moves as it would have, and the goroutine sees the end.
-func (lc *loopClient) readEnd() evloop.Action {
-	lc.ended = true
-	if lc.answeredAll() && lc.tls == nil {
-		lc.closing = true
-		return evloop.Close
-	}
-	lc.ls.ending = append(lc.ls.ending, lc)
-	return evloop.None
-}
-
 // leave closes a client that quit, or broke memcached's framing, or sent
-// an HTTP request, once the replies owed are written: at once, when they
-// are, returning Close for a callback to return; otherwise its socket is
-// read no more and finishEnded closes it once they are.
+// an HTTP request, or ended its side, once the replies owed are written,
+// as memcached does (a request begun and not ended is dropped): at once,
+// when they are, returning Close for a callback to return; otherwise its
+// socket is read no more and finishEnded closes it once they are.
 func (lc *loopClient) leave() evloop.Action {
 	if lc.answeredAll() && lc.tls == nil {
-		lc.closing = true
 		return evloop.Close
 	}
 	if !lc.ended {
@@ -288,11 +245,11 @@ func (lc *loopClient) leave() evloop.Action {
 }
 
 // answeredAll reports whether a client that ended its side has nothing
-// more coming: no reply owed or held back, evloop holds none of its bytes,
-// and it is not moving. No whole request is left then: process answers
-// every one unless a reply is owed or it is held.
+// more coming: no reply owed or held back, and evloop holds none of its
+// bytes. No whole request is left then: process answers every one unless
+// a reply is owed or it is held.
 func (lc *loopClient) answeredAll() bool {
-	return len(lc.slots) == 0 && !lc.held && !lc.handoff && lc.gc.OutboundBuffered() == 0
+	return len(lc.slots) == 0 && !lc.held && lc.gc.OutboundBuffered() == 0
 }
 
 // finishEnded closes the clients that ended their side and have been
@@ -303,8 +260,8 @@ func (ls *loopState) finishEnded() {
 		if _, open := ls.clients[lc]; !open || lc.gc == nil {
 			return true
 		}
-		if lc.handoff || !lc.answeredAll() {
-			return lc.handoff // a move ends it in the goroutine path
+		if !lc.answeredAll() {
+			return false
 		}
 		if t := lc.tls; t != nil && !t.ended {
 			// The session ends as the goroutine path ends it: with
@@ -370,9 +327,7 @@ func (lc *loopClient) resume() {
 
 // processHeld runs process outside traffic, for requests held back, and
 // keeps unread in step: the bytes it handled were counted as read when
-// they came, and those after them must be counted when more come. A
-// request among them that the loop hands over, with no reply owed before
-// it, moves the connection now, as traffic's return would.
+// they came, and those after them must be counted when more come.
 func (lc *loopClient) processHeld() {
 	lc.process()
 	if lc.gc == nil {
@@ -386,9 +341,6 @@ func (lc *loopClient) processHeld() {
 	}
 	lc.unread = lc.buffered()
 	lc.pace()
-	if !lc.inTraffic && lc.moveNow() {
-		lc.gc.Close()
-	}
 }
 
 // heldBehind reports whether request id waits for a request of the
@@ -432,8 +384,7 @@ func (lc *loopClient) heldBehind(id int) bool {
 
 // gather moves what evloop read to pend, without a copy when it was read
 // straight into place, and once pend holds the whole request, handles it.
-// It reports whether it did. A request that cannot be handled on the loop
-// stays in pend, which closed hands over with the bytes after it.
+// It reports whether it did.
 func (lc *loopClient) gather() bool {
 	data := unhandled(lc.gc, nil)
 	n := min(len(data), cap(lc.pend)-len(lc.pend))
@@ -449,9 +400,9 @@ func (lc *loopClient) gather() bool {
 	if len(lc.pend) < cap(lc.pend) {
 		return false
 	}
-	if n, ok := lc.request(lc.pend); !ok || n != len(lc.pend) {
-		lc.handoff = true
-		return false
+	if n := lc.request(lc.pend); n != len(lc.pend) {
+		// pend holds one whole storage command, which takes all of it.
+		panic(fmt.Sprintf("evloop: a request of %d bytes took %d", len(lc.pend), n))
 	}
 	lc.dropPend()
 	lc.last = lc.ls.now
@@ -475,7 +426,7 @@ func (lc *loopClient) dropPend() {
 // request answers the request at the start of data, or leaves it: it
 // returns how many bytes it took (0: it needs more) and false for a
 // request the loop does not answer.
-func (lc *loopClient) request(data []byte) (int, bool) {
+func (lc *loopClient) request(data []byte) int {
 	c := lc.c
 	i := bytes.IndexByte(data, '\n')
 	if i < 0 {
@@ -485,7 +436,7 @@ func (lc *loopClient) request(data []byte) (int, bool) {
 			c.p.log.Warn("client connection closed", "remote", peerOf(lc.gc.Fd()), "err", errLineTooLong)
 			lc.quit = true
 		}
-		return 0, true
+		return 0
 	}
 	cmd, words, v := parseLine(c.words, commandLine(data[:i]))
 	c.words = words
@@ -494,71 +445,78 @@ func (lc *loopClient) request(data []byte) (int, bool) {
 		// memcached hangs up without the replies to the commands read
 		// with it, or to it: those before them are written first.
 		lc.hangUp, lc.quit = true, true
-		return 0, true
+		return 0
 	case verdictUnknown:
 		lc.local(cmdUnknown, func() { c.clientError(cmdUnknown, replyError) })
-		return i + 1, true
+		return i + 1
 	case verdictBadArgs:
 		lc.local(cmd.id, func() { c.clientError(cmd.id, replyError) })
-		return i + 1, true
+		return i + 1
 	}
 	if lc.heldBehind(cmd.id) {
-		return 0, true // parsed again once the replies owed are written
+		return 0 // parsed again once the replies owed are written
 	}
 	switch cmd.id {
 	case cmdGet, cmdGets:
 		if lc.outputFull(len(words) - 1) {
-			return 0, true // parsed again once the client has read
+			return 0 // parsed again once the client has read
 		}
-		return i + 1, lc.retrieve(cmd.id, words[1:])
+		lc.retrieve(cmd.id, words[1:])
+		return i + 1
 	case cmdGat, cmdGats:
 		if lc.outputFull(len(words) - 2) {
-			return 0, true // parsed again once the client has read
+			return 0 // parsed again once the client has read
 		}
-		return i + 1, lc.getAndTouch(cmd.id, words)
+		lc.getAndTouch(cmd.id, words)
+		return i + 1
 	case cmdSet, cmdAdd, cmdReplace, cmdAppend, cmdPrepend, cmdCas:
 		return lc.store(cmd.id, words, data, i+1)
 	case cmdDelete, cmdTouch, cmdIncr, cmdDecr:
-		return i + 1, lc.keyCommand(cmd.id, words)
+		lc.keyCommand(cmd.id, words)
+		return i + 1
 	case cmdMetaGet:
 		if lc.outputFull(1) {
-			return 0, true // parsed again once the client has read
+			return 0 // parsed again once the client has read
 		}
-		return i + 1, lc.metaGet(cmd.id, words)
+		lc.metaGet(cmd.id, words)
+		return i + 1
 	case cmdMetaDebug:
-		return i + 1, lc.metaGet(cmd.id, words)
+		lc.metaGet(cmd.id, words)
+		return i + 1
 	case cmdMetaDelete:
-		return i + 1, lc.metaDelete(words)
+		lc.metaDelete(words)
+		return i + 1
 	case cmdMetaArithmetic:
-		return i + 1, lc.metaArithmetic(words)
+		lc.metaArithmetic(words)
+		return i + 1
 	case cmdMetaSet:
 		return lc.metaSet(words, data, i+1)
 	case cmdVersion, cmdVerbosity, cmdMetaNoop:
 		lc.local(cmd.id, func() { cmd.run(c, words) })
-		return i + 1, true
+		return i + 1
 	case cmdStats:
 		// Its counters include every request before it, as memcached's do.
 		if len(lc.slots) > 0 {
-			return 0, true // parsed again once the replies owed are written
+			return 0 // parsed again once the replies owed are written
 		}
 		lc.local(cmd.id, func() { cmd.run(c, words) })
-		return i + 1, true
+		return i + 1
 	case cmdFlushAll:
 		// After the replies owed, as on the goroutine path: what the
 		// client asked before it is answered as before it.
 		if len(lc.slots) > 0 {
-			return 0, true
+			return 0
 		}
 		lc.flushAll(words)
-		return i + 1, true
+		return i + 1
 	case cmdQuit:
 		// The connection closes once the replies owed are written (see
 		// leave).
 		c.p.stats.record(cmdQuit, outcomeOK)
 		lc.quit = true
-		return i + 1, true
+		return i + 1
 	}
-	return 0, false
+	panic("evloop: a command the loop does not know: " + cmd.name)
 }
 
 // local answers, in its place among the replies owed, a command the
@@ -608,4 +566,26 @@ func peerOf(fd int) string {
 		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port)).String()
 	}
 	return ""
+}
+
+// closed ends a client on its loop: the replies it is still owed are
+// dropped.
+func (lc *loopClient) closed() {
+	delete(lc.ls.clients, lc)
+	lc.dropPend()
+	lc.gc = nil
+	lc.abandon()
+	lc.c.p.untrack(lc.c)
+	lc.noteOut() // none: evloop drops them
+}
+
+// abandon drops the replies a closed client is owed, at once those held
+// back and the rest as they come.
+func (lc *loopClient) abandon() {
+	for _, s := range lc.slots {
+		if s != nil { // a written() this close runs inside has passed it
+			s.noreply = true
+		}
+	}
+	lc.written()
 }

@@ -16,7 +16,7 @@ import (
 // key named again is a miss. With zones, the other zones are asked with
 // mg and T (see askNextZone), and a key found is touched in the zones
 // that did not answer it (see touchOtherZones).
-func (lc *loopClient) getAndTouch(id int, words [][]byte) bool {
+func (lc *loopClient) getAndTouch(id int, words [][]byte) {
 	c := lc.c
 	p := c.p
 	exptime, ok := wire.ParseInt32(words[1])
@@ -32,7 +32,7 @@ func (lc *loopClient) getAndTouch(id int, words [][]byte) bool {
 		// Refused before memcached is asked anything, by the goroutine
 		// path's handler, in its place.
 		lc.local(id, func() { commands[id].run(c, words) })
-		return true
+		return
 	}
 	if bad < len(keys) {
 		c.validKey(keys[bad]) // counted as refused
@@ -68,7 +68,7 @@ func (lc *loopClient) getAndTouch(id int, words [][]byte) bool {
 	if s.pending == 0 {
 		s.finish() // every request failed at once
 	}
-	return true
+	return
 }
 
 // touchOtherZones touches, with a gat's exptime, each key it found in the

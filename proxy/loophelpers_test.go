@@ -3,7 +3,6 @@ package proxy
 import (
 	"maps"
 	"net"
-	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -25,10 +24,6 @@ const (
 	refusedSetReply = "CLIENT_ERROR bad command line format\r\n"
 )
 
-// loopHandovers is how many connections p's event loops handed to the
-// goroutine path.
-func loopHandovers(p *Proxy) uint64 { return p.stats.connsHandedOver.Load() }
-
 // dialSmallWindow connects with a 4 KiB receive buffer, so that the
 // proxy's socket takes little of a long reply at once.
 func dialSmallWindow(t *testing.T, addr string) net.Conn {
@@ -48,14 +43,6 @@ func dialSmallWindow(t *testing.T, addr string) net.Conn {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
-}
-
-// needsWrittenCount skips a test of a connection that moves while evloop
-// holds its replies: only Linux counts the bytes a socket was given.
-func needsWrittenCount(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("only Linux counts the bytes a socket was given")
-	}
 }
 
 // onLoop reports whether f holds for a client of p's loop (the test

@@ -17,8 +17,8 @@ import (
 // memcached's reply line by the goroutine path's own reply makers
 // (metaSetAnswer, metaAnswer), with the client's flags in its order.
 //
-// An ms that appends or prepends to an enveloped value is a
-// read-modify-write, still left to the goroutine path.
+// An ms that appends or prepends to an enveloped value, and ma on one,
+// are read-modify-writes (see loopmodify.go).
 
 // loopMeta is what an ms or md answered on the loop keeps until memcached
 // answers: its request line, parsed, in a buffer of its own (the client's
@@ -129,20 +129,19 @@ func (lc *loopClient) metaLocal(id int, reply []byte, answer func(c *conn)) {
 	})
 }
 
-// metaDelete sends md. It reports false for a key the loop cannot send as
-// the goroutine path would (a binary key too long for base64), which is
-// left to that path.
-func (lc *loopClient) metaDelete(words [][]byte) bool {
+// metaDelete sends md. A key no server can hold, as the client sent it
+// or in base64, is not found.
+func (lc *loopClient) metaDelete(words [][]byte) {
 	c := lc.c
 	lm := lc.ls.parseMeta(words, c.p.keys == nil)
 	m := &lm.req
 	switch {
 	case m.err != nil:
 		lc.metaLocal(cmdMetaDelete, m.err, nil)
-		return true
+		return
 	case !c.validMetaKey(m):
 		lc.metaLocal(cmdMetaDelete, replyBadFormat, nil)
-		return true
+		return
 	}
 	rk := c.lookup(m.key, 0)
 	m.setWire(rk.up)
@@ -152,7 +151,7 @@ func (lc *loopClient) metaDelete(words [][]byte) bool {
 		lc.metaLocal(cmdMetaDelete, nil, func(c *conn) {
 			c.metaAnswer(cmdMetaDelete, m, metaCodeNotFound, nil, nil)
 		})
-		return true
+		return
 	}
 	c.countRewrite(rk)
 	m.rk = rk
@@ -175,14 +174,13 @@ func (lc *loopClient) metaDelete(words [][]byte) bool {
 		}
 		return append(out, crlf...)
 	})
-	return true
+	return
 }
 
 // metaSet sends ms, whose line is the lineLen bytes data begins with, and
-// returns how many bytes of data it took, as store does. It reports false
-// for what it leaves to the goroutine path: an append or prepend to an
-// enveloped value, and a key it cannot send as that path would.
-func (lc *loopClient) metaSet(words [][]byte, data []byte, lineLen int) (int, bool) {
+// returns how many bytes of data it took, as store does. An append or
+// prepend to an enveloped value is a read-modify-write (see modify).
+func (lc *loopClient) metaSet(words [][]byte, data []byte, lineLen int) int {
 	c := lc.c
 	st := c.p.stats
 	lm := lc.ls.parseMeta(words, c.p.keys == nil)
@@ -205,9 +203,9 @@ func (lc *loopClient) metaSet(words [][]byte, data []byte, lineLen int) (int, bo
 		}
 		lc.metaLocal(cmdMetaSet, reply, nil)
 		if !m.vlenOK {
-			return lineLen, true
+			return lineLen
 		}
-		return lc.dropBlock(total, data), true
+		return lc.dropBlock(total, data)
 	}
 	join := m.mode == 'A' || m.mode == 'P'
 	flags := m.clientFlags
@@ -219,14 +217,14 @@ func (lc *loopClient) metaSet(words [][]byte, data []byte, lineLen int) (int, bo
 	m.setWire(rk.up)
 	enveloped = enveloped || rk.bound
 	if n, whole := lc.awaitBlock(total, data); !whole {
-		return n, true
+		return n
 	}
 	if !rk.ok && !m.wireBin {
 		// As for set: no server can hold such a key as it is.
 		st.cmdSet.Add(1)
 		c.countRewrite(rk)
 		lc.metaLocal(cmdMetaSet, replyBadFormat, nil)
-		return total, true
+		return total
 	}
 	m.rk = rk
 	tenant := lc.countStore(rk)
@@ -236,27 +234,27 @@ func (lc *loopClient) metaSet(words [][]byte, data []byte, lineLen int) (int, bo
 	}
 	if m.vlen > limit {
 		lc.metaTooLarge(m, rk.up)
-		return total, true
+		return total
 	}
 	if !bytes.HasSuffix(data[:total], crlf) {
 		lc.metaLocal(cmdMetaSet, replyBadChunk, nil)
-		return total, true
+		return total
 	}
 	value := data[lineLen : lineLen+m.vlen]
 	if enveloped && join {
 		// Read, joined and written back (see loopmodify.go).
 		if !forwardable(rk.up) {
 			lc.metaLocal(cmdMetaSet, nil, func(c *conn) { c.metaSetAnswer(m, metaCodeNotStore, nil) })
-			return total, true
+			return total
 		}
 		lc.modify(cmdMetaSet, m.key, rk, false, lm, value, func(c *conn, data []byte) rmw { return c.metaJoinOp(m, data) })
-		return total, true
+		return total
 	}
 	if enveloped {
 		value, flags = c.encodeFor(m.key, rk.bound, rk.postings, m.clientFlags, value)
 		if len(value) > int(c.p.cfg.MaxItemSize) {
 			lc.metaTooLarge(m, rk.up)
-			return total, true
+			return total
 		}
 	}
 	k := string(rk.up)
@@ -282,24 +280,23 @@ func (lc *loopClient) metaSet(words [][]byte, data []byte, lineLen int) (int, bo
 		out = append(out, value...)
 		return append(out, crlf...)
 	})
-	return total, true
+	return total
 }
 
 // metaArithmetic sends ma, tagged as an incr is (see wire.MetaTagged),
-// zone after zone as incr goes. It reports false for what it leaves to
-// the goroutine path: ma on an enveloped value (a read-modify-write), and
-// a key it cannot send as that path would.
-func (lc *loopClient) metaArithmetic(words [][]byte) bool {
+// zone after zone as incr goes; on an enveloped value it is a
+// read-modify-write (see modify).
+func (lc *loopClient) metaArithmetic(words [][]byte) {
 	c := lc.c
 	lm := lc.ls.parseMeta(words, c.p.keys == nil)
 	m := &lm.req
 	switch {
 	case m.err != nil:
 		lc.metaLocal(cmdMetaArithmetic, m.err, nil)
-		return true
+		return
 	case !c.validMetaKey(m):
 		lc.metaLocal(cmdMetaArithmetic, replyBadFormat, nil)
-		return true
+		return
 	}
 	enveloped := c.envelopes(m.key, 0)
 	rk := c.lookup(m.key, postingsIf(enveloped))
@@ -308,7 +305,7 @@ func (lc *loopClient) metaArithmetic(words [][]byte) bool {
 	if !rk.ok && !m.wireBin {
 		c.countRewrite(rk)
 		lc.metaLocal(cmdMetaArithmetic, nil, notFound)
-		return true
+		return
 	}
 	c.countRewrite(rk)
 	m.rk = rk
@@ -316,10 +313,10 @@ func (lc *loopClient) metaArithmetic(words [][]byte) bool {
 		// A read-modify-write (see loopmodify.go).
 		if !forwardable(rk.up) {
 			lc.metaLocal(cmdMetaArithmetic, nil, notFound)
-			return true
+			return
 		}
 		lc.modify(cmdMetaArithmetic, m.key, rk, false, lm, nil, func(c *conn, _ []byte) rmw { return c.metaArithOp(m) })
-		return true
+		return
 	}
 	k := string(rk.up)
 	if len(c.p.zones) > 1 {
@@ -335,7 +332,7 @@ func (lc *loopClient) metaArithmetic(words [][]byte) bool {
 	lc.commandAs(cmdMetaArithmetic, cmdIncr, lm, rk.up, false, loopWrite{}, func(out []byte, tag uint32) []byte {
 		return appendTagged(out, c.metaArithmeticReq(m, k, !lm.quietVivify), tag)
 	})
-	return true
+	return
 }
 
 // appendTagged appends meta request req with the opaque token O<tag>

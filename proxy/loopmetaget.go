@@ -17,9 +17,9 @@ import (
 // reaches the other zones.
 
 // metaGet sends mg, or me (id), which reads as mg does and is answered
-// as memcached describes the item. It reports false for a binary key
-// memcached takes only in base64, left to the goroutine path.
-func (lc *loopClient) metaGet(id int, words [][]byte) bool {
+// as memcached describes the item. A key no server can hold, as the
+// client sent it or in base64, is a miss.
+func (lc *loopClient) metaGet(id int, words [][]byte) {
 	c := lc.c
 	p := c.p
 	lm := lc.ls.parseMeta(words, p.keys == nil)
@@ -27,10 +27,10 @@ func (lc *loopClient) metaGet(id int, words [][]byte) bool {
 	switch {
 	case m.err != nil:
 		lc.metaLocal(id, m.err, nil)
-		return true
+		return
 	case !c.validMetaKey(m):
 		lc.metaLocal(id, replyBadFormat, nil)
-		return true
+		return
 	}
 	need := uint8(0)
 	if id == cmdMetaGet {
@@ -49,7 +49,7 @@ func (lc *loopClient) metaGet(id int, words [][]byte) bool {
 			}
 			c.metaMiss(m)
 		})
-		return true
+		return
 	}
 	c.countRewrite(rk)
 	m.rk = rk
@@ -65,7 +65,7 @@ func (lc *loopClient) metaGet(id int, words [][]byte) bool {
 	if id == cmdMetaDebug {
 		s.arena = append(appendMetaHead(s.arena[:0], "me ", string(rk.up), m.wireBin), crlf...)
 		s.tryZone(0)
-		return true
+		return
 	}
 	filling := len(p.zones) > 1 && p.cfg.ZoneFill
 	lm.noted = 0
@@ -81,7 +81,7 @@ func (lc *loopClient) metaGet(id int, words [][]byte) bool {
 	// The request is kept, in the slot's arena, for the next zone.
 	s.arena = c.appendMetaGet(s.arena[:0], string(rk.up), m, p.codec != nil, filling, !lm.vivifyLast)
 	s.tryZone(0)
-	return true
+	return
 }
 
 // metaGot takes zone s.zone's reply to an mg or me, or err, from r.

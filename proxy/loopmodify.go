@@ -96,20 +96,7 @@ func (s *loopSlot) modifyRead() {
 
 // modifySend sends the request in the slot's arena to the key's server in
 // the zone being tried.
-func (s *loopSlot) modifySend(expect wire.Reply) {
-	ls := s.client.ls
-	z := s.mod.zones[s.mod.zi]
-	u := ls.upstreamOf(s.client.c.p.zones[z].up.Load(), s.ups)
-	r := ls.req(s)
-	r.store, r.srv, r.expect = true, u.srv, expect
-	s.reqs = append(s.reqs, r)
-	s.zone = z
-	if !u.admit(r) {
-		return
-	}
-	u.out = append(u.out, s.arena...)
-	u.q.push(r)
-}
+func (s *loopSlot) modifySend(expect wire.Reply) { s.sendKept(s.mod.zones[s.mod.zi], expect) }
 
 // modified takes the reply to the read-modify-write's request, or err.
 func (s *loopSlot) modified(r *loopReq, reply []byte, err error) {

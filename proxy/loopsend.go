@@ -10,13 +10,13 @@ import (
 
 // retrieve sends a get or gets to the servers of its keys, one request
 // per server.
-func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
+func (lc *loopClient) retrieve(id int, keys [][]byte) {
 	c := lc.c
 	for _, k := range keys {
 		if ok, _ := c.checkKey(k); !ok {
 			// Refused whole, as the goroutine path refuses it.
 			lc.local(id, func() { c.checkKeys(id, keys) })
-			return true
+			return
 		}
 	}
 	p := c.p
@@ -64,7 +64,7 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) bool {
 	if s.pending == 0 {
 		s.finish() // every key answered by the tier, or failed
 	}
-	return true
+	return
 }
 
 // owner adds key k, the i-th of the n keys of retrieval s, resolved as rk,
@@ -175,7 +175,7 @@ var retrievalVerbs = [numCommands]string{cmdGet: "get", cmdGets: "gets", cmdGat:
 // rewritten key asks for it. An append or prepend to an enveloped value
 // is a read-modify-write (see modify). A value over the size limits is
 // refused (see tooLarge).
-func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (int, bool) {
+func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) int {
 	c := lc.c
 	a := parseStoreArgs(words, id == cmdCas)
 	if !a.argsOK || !lc.validKey(a.key) {
@@ -187,9 +187,9 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 		c.p.stats.cmdSet.Add(1)
 		lc.refuse(id, a.noreply, replyBadFormat)
 		if !a.lenOK {
-			return lineLen, true
+			return lineLen
 		}
-		return lc.dropBlock(lineLen+a.vlen+2, data), true
+		return lc.dropBlock(lineLen+a.vlen+2, data)
 	}
 	join := id == cmdAppend || id == cmdPrepend
 	envFlags := a.flags
@@ -207,16 +207,16 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 	if a.vlen > limit {
 		// Refused before its block is read, which is dropped as it comes.
 		lc.tooLarge(id, a, c.lookup(a.key, needTenant))
-		return lc.dropBlock(total, data), true
+		return lc.dropBlock(total, data)
 	}
 	if n, whole := lc.awaitBlock(total, data); !whole {
-		return n, true
+		return n
 	}
 	rk := c.lookup(a.key, needTenant|postingsIf(enveloped))
 	if !bytes.HasSuffix(data[:total], crlf) {
 		lc.countStore(rk)
 		lc.refuse(id, a.noreply, replyBadChunk)
-		return total, true
+		return total
 	}
 	value, flags := data[lineLen:lineLen+a.vlen], a.flags
 	if enveloped && join {
@@ -224,13 +224,13 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 		// joined and written back (see loopmodify.go).
 		lc.countStore(rk)
 		lc.modify(id, a.key, rk, a.noreply, nil, value, func(c *conn, data []byte) rmw { return c.joinOp(id, data) })
-		return total, true
+		return total
 	}
 	if enveloped {
 		value, flags = c.encodeFor(a.key, rk.bound, rk.postings, a.flags, value)
 		if len(value) > int(c.p.cfg.MaxItemSize) {
 			lc.tooLarge(id, a, rk)
-			return total, true
+			return total
 		}
 	}
 	tenant := lc.countStore(rk)
@@ -240,7 +240,7 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) (i
 		out = append(out, value...)
 		return append(out, crlf...)
 	})
-	return total, true
+	return total
 }
 
 // awaitBlock reports whether all total bytes of a request with a data
@@ -319,7 +319,7 @@ var keyVerbs = [numCommands]string{cmdDelete: "delete ", cmdTouch: "touch "}
 // keyCommand sends a delete, touch, incr or decr; one refused, or of a
 // key no server can hold, is answered by the goroutine path's handler,
 // which asks memcached nothing then, in its place.
-func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
+func (lc *loopClient) keyCommand(id int, w [][]byte) {
 	key := w[1]
 	noreply := bytes.Equal(w[len(w)-1], noreplyWord)
 	var arg []byte
@@ -347,12 +347,12 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 			rk := lc.c.resolve(key, postingsIf(enveloped))
 			incr := id == cmdIncr
 			lc.modify(id, key, rk, noreply, nil, nil, func(c *conn, _ []byte) rmw { return c.arithOp(id, incr, delta) })
-			return true
+			return
 		}
 	}
 	if local {
 		lc.local(id, func() { commands[id].run(lc.c, w) })
-		return true
+		return
 	}
 	up := lc.c.resolve(key, 0).up
 	lc.command(id, up, noreply, loopWrite{}, func(out []byte, tag uint32) []byte {
@@ -361,7 +361,7 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) bool {
 		}
 		return appendKeyCommand(out, keyVerbs[id], string(up), arg)
 	})
-	return true
+	return
 }
 
 // command sends a command of one key whose reply is one line, which build

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"slices"
-	"syscall"
 	"time"
 
 	"mcsidecar/proxy/evloop"
@@ -101,19 +100,6 @@ func (b *tlsBridge) SetWriteDeadline(t time.Time) error {
 	}
 	return nil
 }
-
-// SyscallConn is the socket's once the goroutine path owns it, so that
-// sockio.Waiting sees what waits in it (see conn.spareLate).
-func (b *tlsBridge) SyscallConn() (syscall.RawConn, error) {
-	if sc, ok := b.Conn.(syscall.Conn); ok && !b.loop {
-		return sc.SyscallConn()
-	}
-	return nil, errors.ErrUnsupported
-}
-
-// Buffered is how many bytes from the socket the bridge holds that TLS
-// has not read yet.
-func (b *tlsBridge) Buffered() int { return len(b.in) - b.off }
 
 // read decrypts what evloop holds of gc onto t.plain. It returns io.EOF
 // once the peer ended the session (the bytes before it are good) or the

@@ -45,14 +45,8 @@ func (lc *loopClient) written() {
 			}
 		}
 		st.latency[s.id].Observe(lc.ls.now.Sub(s.began).Seconds())
-		lc.charge(s, 0) // given to the socket, to evloop, or to the goroutine path
-		if lc.hand != nil && !s.noreply && len(rest) > 0 {
-			rest = slices.Clone(rest)
-			lc.ls.detach(s, rest)
-			lc.hand.replies <- rest // the goroutine writes it; its buffers go with it
-		} else {
-			lc.ls.putSlot(s)
-		}
+		lc.charge(s, 0) // given to the socket or to evloop, or dropped
+		lc.ls.putSlot(s)
 		lc.slots[n] = nil
 		n++
 	}
@@ -63,22 +57,14 @@ func (lc *loopClient) written() {
 	}
 	lc.slots = append(lc.slots[:0], lc.slots[n:]...)
 	lc.last = lc.ls.now
-	if len(lc.slots) > 0 {
+	if len(lc.slots) > 0 || lc.gc == nil {
 		return
 	}
-	if lc.hand != nil {
-		close(lc.hand.replies)
-		lc.hand = nil
-		return
-	}
-	if lc.gc == nil {
-		return
-	}
-	if lc.handoff || (lc.c.p.draining() && lc.buffered() == 0) {
+	if lc.c.p.draining() && lc.buffered() == 0 {
 		// A connection is not closed inside its own OnTraffic:
 		// traffic closes it by its return. A draining proxy answers the
 		// requests it has read first.
-		if !lc.inTraffic && (lc.handoff && lc.movable() || lc.gc.OutboundBuffered() == 0) {
+		if !lc.inTraffic && lc.gc.OutboundBuffered() == 0 {
 			lc.gc.Close()
 		}
 		return
@@ -181,7 +167,6 @@ func (lc *loopClient) put(bufs [][]byte, copyMax int) (n int, rest [][]byte, ok 
 	give, rest := cutBufs(bufs, copyMax)
 	if len(give) > 0 {
 		m, _ := gc.Writev(give)
-		lc.keep(give)
 		n += m
 	}
 	return n, rest, true
@@ -245,31 +230,4 @@ func bufsLen(bufs [][]byte) int {
 		n += len(b)
 	}
 	return n
-}
-
-// keep copies bufs, just given to evloop, after the bytes kept before, and
-// keeps only as many as evloop holds: it writes in order, so what it holds
-// is the end of what it was given. The copy is what a handover writes of
-// the replies evloop drops when it closes its descriptor (see closed).
-func (lc *loopClient) keep(bufs [][]byte) {
-	if lc.gc == nil || !lc.counted {
-		return // the write failed and closed the connection, or no use
-	}
-	for _, b := range bufs {
-		lc.kept = append(lc.kept, b...)
-	}
-	lc.trimKept()
-}
-
-// trimKept drops the kept bytes evloop has written, and the buffer once it
-// holds none.
-func (lc *loopClient) trimKept() {
-	switch held := lc.gc.OutboundBuffered(); {
-	case held == 0 && cap(lc.kept) > tlsKeepMax:
-		lc.kept = nil
-	case held == 0:
-		lc.kept = lc.kept[:0]
-	case held < len(lc.kept):
-		lc.kept = lc.kept[len(lc.kept)-held:]
-	}
 }

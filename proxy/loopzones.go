@@ -30,11 +30,15 @@ func (p *Proxy) zoneByZone(id int) bool {
 // tryZone sends the kept request of a write tried zone after zone to its
 // key's server in zone z. It goes out with the other requests of the
 // poll, in OnPollEnd.
-func (s *loopSlot) tryZone(z int) {
+func (s *loopSlot) tryZone(z int) { s.sendKept(z, cmdReplies[s.id]) }
+
+// sendKept sends the request kept in the slot's arena, whose reply is of
+// family expect, to its key's server in zone z.
+func (s *loopSlot) sendKept(z int, expect wire.Reply) {
 	ls := s.client.ls
 	u := ls.upstreamOf(s.client.c.p.zones[z].up.Load(), s.ups)
 	r := ls.req(s)
-	r.store, r.srv, r.expect = true, u.srv, cmdReplies[s.id]
+	r.store, r.srv, r.expect = true, u.srv, expect
 	s.reqs = append(s.reqs, r)
 	s.zone = z
 	if !u.admit(r) {

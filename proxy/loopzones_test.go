@@ -118,9 +118,6 @@ func TestEventLoopServesZones(t *testing.T) {
 	if got := sidecar.do("delete everywhere\r\n"); got != "NOT_FOUND\r\n" {
 		t.Errorf("second delete: %q", got)
 	}
-	if n := loopHandovers(p); n != 0 {
-		t.Errorf("%d connections left the loop", n)
-	}
 }
 
 // TestEventLoopZonesKeepEnvelopes reads, through zone a's sidecar on a
@@ -180,9 +177,6 @@ func TestEventLoopZonesKeepEnvelopes(t *testing.T) {
 	if got := counterWith(t, reg, "mcsidecar_zone_reads_total", "zone", "a", "local", "true", "result", "hit"); got != 2 {
 		t.Errorf("zone a hits: %v, want 2 (the second get)", got)
 	}
-	if n := loopHandovers(p); n != 0 {
-		t.Errorf("%d connections left zone a's loop", n)
-	}
 }
 
 // TestEventLoopServesFromTheLocalTier checks the local tier on the loop:
@@ -193,7 +187,7 @@ func TestEventLoopServesFromTheLocalTier(t *testing.T) {
 	up := startMemcached(t)
 	cfg := tierConfig(tierTestSize, up)
 	cfg.EventLoops = 1
-	p, addr := startProxy(t, cfg)
+	_, addr := startProxy(t, cfg)
 	sc, direct := newLineClient(t, addr), newLineClient(t, up)
 	key, long := tierKey("loop"), mimirLV2Key()
 	reached := func(req, want string) int {
@@ -230,9 +224,6 @@ func TestEventLoopServesFromTheLocalTier(t *testing.T) {
 	}
 	if n := reached("get "+key+"\r\n", "END\r\n"); n != 1 {
 		t.Errorf("get after the delete reached memcached for %d keys, want 1", n)
-	}
-	if n := loopHandovers(p); n != 0 {
-		t.Errorf("%d connections left the loop", n)
 	}
 }
 
@@ -302,9 +293,6 @@ func testEventLoopZoneWrites(t *testing.T, writes string) {
 	}
 	if !maps.Equal(loopHeld, goHeld) {
 		t.Errorf("zones after the loop's writes:\n%v\nafter the goroutine path's:\n%v", loopHeld, goHeld)
-	}
-	if n := loopHandovers(p); n != 0 {
-		t.Errorf("%d connections left the loop", n)
 	}
 	// The deletes that bring zones in line are not damaged items.
 	if n := p.stats.codecDeleted.Load(); n != 0 {

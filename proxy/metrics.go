@@ -23,7 +23,6 @@ type collector struct {
 	refusedConn *prometheus.Desc
 	idleClosed  *prometheus.Desc
 	outClosed   *prometheus.Desc
-	handedOver  *prometheus.Desc
 	readPauses  *prometheus.Desc
 	bytesIn     *prometheus.Desc
 	bytesOut    *prometheus.Desc
@@ -67,7 +66,6 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 		refusedConn: prometheus.NewDesc(ns+"_client_connections_refused_total", "Client connections closed at accept because the proxy was at --max-connections.", nil, nil),
 		idleClosed:  prometheus.NewDesc(ns+"_client_connections_idle_closed_total", "Client connections closed after --idle-timeout without a complete request.", nil, nil),
 		outClosed:   prometheus.NewDesc(ns+"_client_output_limit_closed_total", "Client connections closed after --idle-timeout with replies they had not read waiting in the proxy: held by an event loop (at --max-client-output-bytes, or for a socket that took no more), or in a write that did not finish on the goroutine path. Counted in the idle closes too.", nil, nil),
-		handedOver:  prometheus.NewDesc(ns+"_client_connections_handed_over_total", "Client connections moved from an event loop to the goroutine path: at the first command the loop does not answer, or at the end of a TLS client's side with replies owed.", nil, nil),
 		readPauses:  prometheus.NewDesc(ns+"_client_read_pauses_total", "Times an event loop stopped reading a client's socket because the client had sent more requests than the loop lets wait (4 MiB) while replies were owed; reading resumes once half of them are answered.", nil, nil),
 		bytesIn:     prometheus.NewDesc(ns+"_client_read_bytes_total", "Bytes read from clients.", nil, nil),
 		bytesOut:    prometheus.NewDesc(ns+"_client_written_bytes_total", "Bytes written to clients.", nil, nil),
@@ -102,7 +100,7 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 }
 
 func (m *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.requests, m.connections, m.accepted, m.refusedConn, m.idleClosed, m.outClosed, m.handedOver, m.readPauses, m.bytesIn, m.bytesOut, m.keys,
+	for _, d := range []*prometheus.Desc{m.requests, m.connections, m.accepted, m.refusedConn, m.idleClosed, m.outClosed, m.readPauses, m.bytesIn, m.bytesOut, m.keys,
 		m.upRequests, m.upErrors, m.upOutOfStep, m.upServers, m.upGets, m.upGetKeys, m.refused, m.deleted, m.logical, m.stored,
 		m.readLogical, m.readStored, m.rewrites, m.rejected, m.unbound, m.zoneReads, m.zoneBytes, m.zoneFills, m.zoneWrites,
 		m.tierReads, m.tierEvicted, m.tierMutable, m.tierBytes, m.tierEntries, m.tierLimit} {
@@ -131,7 +129,6 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(m.refusedConn, s.connsRefused.Load())
 	counter(m.idleClosed, s.connsIdleClosed.Load())
 	counter(m.outClosed, s.connsOutputClosed.Load())
-	counter(m.handedOver, s.connsHandedOver.Load())
 	counter(m.readPauses, s.clientReadPauses.Load())
 	counter(m.bytesIn, s.bytesRead.Load())
 	counter(m.bytesOut, s.bytesWritten.Load())

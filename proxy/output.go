@@ -136,7 +136,6 @@ func (lc *loopClient) closeIdle() {
 	if lc.gc.OutboundBuffered() > 0 {
 		st.connsOutputClosed.Add(1)
 	}
-	lc.closing = true
 	lc.gc.Close()
 }
 

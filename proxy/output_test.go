@@ -177,9 +177,6 @@ func TestUnreadRepliesCloseAtIdleTimeout(t *testing.T) {
 			if err := testutil.GatherAndCompare(reg, strings.NewReader(unreadClosed(3)), "mcsidecar_client_output_limit_closed_total"); err != nil {
 				t.Error(err)
 			}
-			if moved := p.stats.connsHandedOver.Load(); tc.loops > 0 && tc.size < loopCopyMax && moved > 0 {
-				t.Errorf("%d clients moved to the goroutine path: the loop's own close is not what was tested", moved)
-			}
 			// Closed: reading on ends, after what the sockets held, in an
 			// end of stream or a reset.
 			for i, c := range unread {

@@ -37,7 +37,6 @@ type stats struct {
 	clientReadsInPlace       atomic.Uint64 // reads of a long set's rest straight into its buffer (loop)
 	connsIdleClosed          atomic.Uint64 // closed by --idle-timeout
 	connsOutputClosed        atomic.Uint64 // of those, closed with replies left unread (see output.go)
-	connsHandedOver          atomic.Uint64 // moved from an event loop to the goroutine path
 	clientReadPauses         atomic.Uint64 // an event loop stopped reading a client (see loopUnreadMax)
 	requests                 [numCommands][numOutcomes]atomic.Uint64
 

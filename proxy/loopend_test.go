@@ -18,8 +18,7 @@ import (
 // loop answers every request read before the end, on the loop, and closes
 // once all is written, as memcached does.
 func TestEventLoopHalfCloseGetsEveryReply(t *testing.T) {
-	needsWrittenCount(t)
-	p, addr := startProxy(t, loopConfig(startMemcached(t)))
+	_, addr := startProxy(t, loopConfig(startMemcached(t)))
 	want := setBig(t, addr, 16<<10)
 	const gets = 2000
 	c := dialSmallWindow(t, addr)
@@ -44,9 +43,6 @@ func TestEventLoopHalfCloseGetsEveryReply(t *testing.T) {
 		}
 		got = got[n:]
 	}
-	if n := loopHandovers(p); n != 0 {
-		t.Errorf("%d connections handed over, want none", n)
-	}
 }
 
 // TestEventLoopStopsTakingRequestsOfAClientThatReadsNone sends gets of a
@@ -56,7 +52,6 @@ func TestEventLoopHalfCloseGetsEveryReply(t *testing.T) {
 // keeps the client), and the client must then get its replies, whole and
 // in order.
 func TestEventLoopStopsTakingRequestsOfAClientThatReadsNone(t *testing.T) {
-	needsWrittenCount(t)
 	p, addr := startProxy(t, loopConfig(startMemcached(t)))
 	want := setBig(t, addr, 16<<10)
 	c := dialSmallWindow(t, addr)
@@ -75,9 +70,6 @@ func TestEventLoopStopsTakingRequestsOfAClientThatReadsNone(t *testing.T) {
 			t.Fatalf("reply %d: %.60q (%v)", i, got, err)
 		}
 	}
-	if n := loopHandovers(p); n != 0 {
-		t.Errorf("%d connections handed over, want none: the loop stops reading the client", n)
-	}
 	if p.stats.clientReadPauses.Load() == 0 {
 		t.Error("the loop never stopped reading the client")
 	}
@@ -88,7 +80,6 @@ func TestEventLoopStopsTakingRequestsOfAClientThatReadsNone(t *testing.T) {
 // 32 KiB of them, then ends its side: with nothing owed and nothing
 // unread, the connection stays until evloop has written what it holds.
 func TestEventLoopHalfCloseAfterEveryReplyMade(t *testing.T) {
-	needsWrittenCount(t)
 	p, addr := startProxy(t, loopConfig(startMemcached(t)))
 	want := setBig(t, addr, 16<<10)
 	c := dialSmallWindow(t, addr)
@@ -146,9 +137,6 @@ func TestEventLoopBulkPipelinerStaysOnTheLoop(t *testing.T) {
 	if err := <-read; err != nil {
 		t.Fatal(err)
 	}
-	if h := loopHandovers(p); h != 0 {
-		t.Errorf("%d handovers of a client that reads every reply", h)
-	}
 	// Requests held back while replies were owed are handled after
 	// those are written, outside a read: each byte counts once all the
 	// same.
@@ -157,21 +145,15 @@ func TestEventLoopBulkPipelinerStaysOnTheLoop(t *testing.T) {
 	}
 }
 
-// TestShutdownEndsHandoversOfClientsThatReadNothing lets Shutdown's grace
-// run out on clients that read nothing: moved from the loop while evloop
-// held replies, at a command the loop does not answer with replies still
-// owed; left on the loop, not read, after sending more than the loop lets
-// wait; or on the loop after a half-close, owed replies. Every connection must be gone soon after, none left waiting
-// in a handover for a loop that stopped or for a client that does not
-// read.
-func TestShutdownEndsHandoversOfClientsThatReadNothing(t *testing.T) {
-	needsWrittenCount(t)
+// TestShutdownEndsClientsThatReadNothing lets Shutdown's grace run out on
+// clients of the loop that read nothing: one not read after sending more
+// than the loop lets wait, and one owed replies after a half-close. Every
+// connection must be gone soon after, none left waiting for a loop that
+// stopped or for a client that does not read.
+func TestShutdownEndsClientsThatReadNothing(t *testing.T) {
 	cases := map[string]func(t *testing.T, p *Proxy, c net.Conn){
 		"requests piled up": func(t *testing.T, p *Proxy, c net.Conn) {
 			sendGetsUnread(t, c, func() bool { return p.stats.clientReadPauses.Load() > 0 })
-			if n := loopHandovers(p); n != 0 {
-				t.Fatalf("%d handovers", n)
-			}
 		},
 		"half-close": func(t *testing.T, p *Proxy, c net.Conn) {
 			io.WriteString(c, strings.Repeat("get big\r\n", 2000))
@@ -223,7 +205,7 @@ func sendGetsUnread(t *testing.T, c net.Conn, done func() bool) int {
 // as memcached answers them, and no connection leaves it.
 func TestEventLoopAnswersOddLinesItself(t *testing.T) {
 	mc := startMemcached(t)
-	p, addr := startProxy(t, loopConfig(mc))
+	_, addr := startProxy(t, loopConfig(mc))
 	exchange(t, addr, "set odd 0 0 3\r\nabc\r\n")
 	for _, chunks := range [][]string{
 		{"get odd\n", "gets odd\x00ignored\r\n", "set odd2 0 0 1\nx\r\nget odd2\n"},
@@ -243,9 +225,6 @@ func TestEventLoopAnswersOddLinesItself(t *testing.T) {
 			t.Errorf("%.60q: proxy answered %.200q, memcached %.200q", chunks, got, want)
 		}
 	}
-	if n := loopHandovers(p); n != 0 {
-		t.Errorf("%d connections left the loop", n)
-	}
 
 	// quit after a reply too long for the socket: evloop holds the rest,
 	// written before the connection closes.
@@ -257,9 +236,6 @@ func TestEventLoopAnswersOddLinesItself(t *testing.T) {
 	if got, err := io.ReadAll(c); err != nil || string(got) != want {
 		t.Errorf("get then quit: %d bytes (%v), want the %d of the reply, then the end", len(got), err, len(want))
 	}
-	if n := loopHandovers(p); n != 0 {
-		t.Errorf("%d connections left the loop", n)
-	}
 }
 
 // TestEventLoopAnswersGatItself: gat and gats are answered on the loop,
@@ -268,7 +244,7 @@ func TestEventLoopAnswersOddLinesItself(t *testing.T) {
 // are touched, no keys, a bad exptime, and the new time to live read back.
 func TestEventLoopAnswersGatItself(t *testing.T) {
 	mc := startMemcached(t)
-	p, addr := startProxy(t, loopConfig(mc))
+	_, addr := startProxy(t, loopConfig(mc))
 	const setup = "set ga 1 0 1\r\nA\r\nset gb 2 0 2\r\nBB\r\n"
 	long := strings.Repeat("k", 251)
 	for _, chunks := range [][]string{
@@ -284,8 +260,5 @@ func TestEventLoopAnswersGatItself(t *testing.T) {
 		if got := cas.ReplaceAllString(exchange(t, addr, chunks...), "$1 CAS\r"); got != want {
 			t.Errorf("%.80q: proxy answered %q, memcached %q", chunks, got, want)
 		}
-	}
-	if n := loopHandovers(p); n != 0 {
-		t.Errorf("%d connections left the loop, want none", n)
 	}
 }
