@@ -24,6 +24,14 @@
 #      (about 23 KB on average): the proxy compresses them
 #   8  series keys (S:, at most 192 bytes), values of a few hundred bytes
 #
+# and two that measure isolation in time, on request: how much the
+# latency of light requests suffers from heavy ones of other clients.
+#
+#   9  single-key gets of 1 KiB values, 16 connections, one server
+#  10  load 9 while 4 more connections of another loadgen read 100-key
+#      batches of raw postings lists (as in load 7) all along: compare its
+#      get p99 with load 9's. The CPU figures include the heavy reads.
+#
 # The same loadgen load runs against each target in turn, round by round,
 # with the order rotated every round so that no target always goes first.
 # For twemproxy and the proxy it also reads the server's CPU time
@@ -49,8 +57,8 @@
 # Environment (defaults in brackets):
 #   ROUNDS [3]  DURATION [5s]: per run  KEYS [10000; 500 for load 5]  SEED [1]
 #   MEMCACHED_THREADS [2]: -t of each memcached
-#   LOADS [1 2 3 4]: the loads to measure, e.g. LOADS="1 3" or
-#     LOADS="6 7 8"
+#   LOADS [1 2 3 4]: the loads to measure, e.g. LOADS="1 3",
+#     LOADS="6 7 8" or LOADS="9 10"
 #   CONNS, VALUE_SIZE, GET_RATIO, MULTIGET [per load]: when set, override
 #     that setting in every load (VALUE_SIZE in loads 1-5 only: the
 #     Mimir-shaped loads size their own values)
@@ -85,13 +93,15 @@ RATE=${RATE:-}
 # The loads: connections, value size, get ratio, keys per get, servers,
 # keys, and loadgen's shape of keys and values (a value size only for
 # plain ones).
-declare -A l_conns=([1]=32 [2]=32 [3]=8 [4]=32 [5]=4 [6]=8 [7]=8 [8]=8)
-declare -A l_size=([1]=1024 [2]=1024 [3]=3072 [4]=1024 [5]=700000 [6]= [7]= [8]=)
-declare -A l_ratio=([1]=0.9 [2]=0.9 [3]=0.9 [4]=0.5 [5]=0.95 [6]=0.9 [7]=0.9 [8]=0.9)
-declare -A l_multiget=([1]=1 [2]=10 [3]=100 [4]=1 [5]=1 [6]=100 [7]=100 [8]=100)
-declare -A l_servers=([1]=1 [2]=1 [3]=4 [4]=1 [5]=1 [6]=1 [7]=1 [8]=1)
-declare -A l_keys=([1]=10000 [2]=10000 [3]=10000 [4]=10000 [5]=500 [6]=10000 [7]=10000 [8]=10000)
-declare -A l_shape=([1]=plain [2]=plain [3]=plain [4]=plain [5]=plain [6]=dm [7]=raw-postings [8]=series)
+declare -A l_conns=([1]=32 [2]=32 [3]=8 [4]=32 [5]=4 [6]=8 [7]=8 [8]=8 [9]=16 [10]=16)
+declare -A l_size=([1]=1024 [2]=1024 [3]=3072 [4]=1024 [5]=700000 [6]= [7]= [8]= [9]=1024 [10]=1024)
+declare -A l_ratio=([1]=0.9 [2]=0.9 [3]=0.9 [4]=0.5 [5]=0.95 [6]=0.9 [7]=0.9 [8]=0.9 [9]=1 [10]=1)
+declare -A l_multiget=([1]=1 [2]=10 [3]=100 [4]=1 [5]=1 [6]=100 [7]=100 [8]=100 [9]=1 [10]=1)
+declare -A l_servers=([1]=1 [2]=1 [3]=4 [4]=1 [5]=1 [6]=1 [7]=1 [8]=1 [9]=1 [10]=1)
+declare -A l_keys=([1]=10000 [2]=10000 [3]=10000 [4]=10000 [5]=500 [6]=10000 [7]=10000 [8]=10000 [9]=10000 [10]=10000)
+declare -A l_shape=([1]=plain [2]=plain [3]=plain [4]=plain [5]=plain [6]=dm [7]=raw-postings [8]=series [9]=plain [10]=plain)
+# The heavy reads another loadgen makes all along a load, if any.
+declare -A l_background=([10]="--conns 4 --shape raw-postings --multiget 100 --get-ratio 1 --keys 10000")
 
 die() { echo "compare: $*" >&2; exit 1; }
 
@@ -105,7 +115,7 @@ read -ra loads <<<"$LOADS"
 ((${#loads[@]} > 0)) || die "LOADS is empty"
 seen=" "
 for l in "${loads[@]}"; do
-	[[ $l =~ ^[0-9]$ && -n ${l_servers[$l]:-} ]] || die "LOADS holds '$l': the loads are 1 2 3 4 5 6 7 8"
+	[[ $l =~ ^[0-9]+$ && -n ${l_servers[$l]:-} ]] || die "LOADS holds '$l': the loads are 1 2 3 4 5 6 7 8 9 10"
 	[[ $seen != *" $l "* ]] || die "LOADS names load $l twice"
 	seen+="$l "
 	# Overrides from the environment apply to every load.
@@ -138,7 +148,10 @@ QUIET_WAIT=${QUIET_WAIT:-5}
 [[ $QUIET_WAIT =~ ^[0-9]+$ ]] || die "QUIET_WAIT must be a number of seconds, not '$QUIET_WAIT'"
 # Each server runs under timeout too, so that it stops by itself even if
 # this script is killed before its trap can run.
-SERVER_LIMIT=$((ROUNDS * ${#loads[@]} * 3 * (RUN_LIMIT + QUIET_WAIT + 10) + 120))
+SERVER_LIMIT=$((ROUNDS * ${#loads[@]} * 3 * (RUN_LIMIT + QUIET_WAIT + 40) + 120))
+# A background load runs this long: the measured run's, with room for its
+# pre-population before the clock starts.
+BG_SECS=$(($(seconds "$DURATION") + 15))
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/mcsidecar-compare.XXXXXX")
@@ -383,8 +396,48 @@ describe() {
 	raw-postings) values="Mimir P2 keys (224 B), raw postings values (~23 KB)" ;;
 	series) values="Mimir S keys (~185 B), series values (~300 B)" ;;
 	esac
-	awk -v l="$1" -v m="${l_multiget[$1]}" -v v="$values" -v g="${l_ratio[$1]}" -v c="${l_conns[$1]}" -v n="${l_servers[$1]}" -v k="${l_keys[$1]}" \
-		'BEGIN { printf "%s: %d-key gets, %s, %g %% gets, %d conns, %d server%s, %d keys\n", l, m, v, g * 100, c, n, (n > 1 ? "s" : ""), k }'
+	local bg=""
+	[[ -z ${l_background[$1]:-} ]] || bg=", while 4 more conns read 100-key batches of raw postings"
+	awk -v l="$1" -v m="${l_multiget[$1]}" -v v="$values" -v g="${l_ratio[$1]}" -v c="${l_conns[$1]}" -v n="${l_servers[$1]}" -v k="${l_keys[$1]}" -v bg="$bg" \
+		'BEGIN { printf "%s: %d-key gets, %s, %g %% gets, %d conns, %d server%s, %d keys%s\n", l, m, v, g * 100, c, n, (n > 1 ? "s" : ""), k, bg }'
+}
+# background_start starts load $1's background reads against address $2,
+# if it has any, and returns once their clock runs; bg_tpid is their
+# timeout's pid, or empty.
+background_start() {
+	local n=0 lpid
+	bg_tpid=""
+	[[ -n ${l_background[$1]:-} ]] || return 0
+	rm -f "$work/background.out" "$work/background.err"
+	# shellcheck disable=SC2086 # l_background holds a list of flags
+	timeout "$((BG_SECS + RUN_LIMIT))" "$work/loadgen" --addr "$2" ${l_background[$1]} --duration "${BG_SECS}s" --seed "$SEED" \
+		--wait-start "${RUN_LIMIT}s" >"$work/background.out" 2>"$work/background.err" &
+	bg_tpid=$!
+	pids+=("$bg_tpid")
+	until grep -qs '^loadgen: populated' "$work/background.err"; do
+		if ! kill -0 "$bg_tpid" 2>/dev/null || ((++n > RUN_LIMIT * 50)); then
+			cat "$work/background.err" >&2
+			die "the background reads against $2 did not start"
+		fi
+		sleep 0.02
+	done
+	lpid=$(pgrep -P "$bg_tpid") || true
+	[[ $lpid =~ ^[0-9]+$ ]] || die "cannot find the pid of the background loadgen"
+	kill -USR1 "$lpid"
+}
+# background_end waits for the background reads started last, if any,
+# checks what they saw and prints their result line.
+background_end() {
+	local rc=0 out
+	[[ -n $bg_tpid ]] || return 0
+	wait "$bg_tpid" || rc=$?
+	out=$(cat "$work/background.out")
+	if ((rc != 0)); then
+		grep -v '^loadgen: populated' "$work/background.err" | head -n 10 >&2 || true
+		die "the background reads failed with status $rc (wrong values, protocol errors or a timeout): $out"
+	fi
+	[[ $(field wrong "$out") == 0 ]] || die "the background reads saw wrong values: $out"
+	echo "  background: $out"
 }
 # shape_args prints load $1's loadgen flags for its keys and values, and
 # for the open loop when RATE is set.
@@ -414,6 +467,7 @@ measure() {
 	local mcs=("${mc_pids[@]:0:${l_servers[$l]}}")
 	[[ $t == memcached ]] || watched=true
 	wait_quiet
+	background_start "$l" "$a"
 	mc0=$(cpu_ticks "${mcs[@]}")
 	$watched && sv0=$(cpu_ticks "${server_pid[$inst]}")
 	children_ticks
@@ -502,6 +556,7 @@ measure() {
 	fi
 	printf 'round %d load %d %-9s %s\n  %s\n' "$r" "$l" "$t" "$out" "$cpu"
 	[[ -z $per ]] || echo "$per"
+	background_end
 }
 
 echo "memcached $(memcached -V | awk '{print $2}') x$n_servers (-t $MEMCACHED_THREADS), nutcracker $(nutcracker -V 2>&1 | awk '{print $NF; exit}'), proxy; servers:"
