@@ -180,39 +180,55 @@ func (c *Codec) DecodedLen(storedFlags uint32, stored []byte) (n int, flags uint
 // AppendDecode allocates nothing, and otherwise only the output buffer. On
 // error dst is returned as it was.
 func (c *Codec) AppendDecode(dst, key []byte, bindKey bool, storedFlags uint32, stored []byte) (value []byte, flags uint32, err error) {
+	value, flags, _, err = c.decode(dst, key, bindKey, storedFlags, stored, false)
+	return value, flags, err
+}
+
+// AppendDecodeInPlace is AppendDecode for a caller that can use the value
+// where it lies: a value the envelope holds as it is (no compression, as
+// for values compressed already) is checked as AppendDecode checks it and
+// returned as the slice of stored it is, with inPlace true and nothing
+// appended to dst. Any other is decoded onto dst.
+func (c *Codec) AppendDecodeInPlace(dst, key []byte, bindKey bool, storedFlags uint32, stored []byte) (value []byte, flags uint32, inPlace bool, err error) {
+	return c.decode(dst, key, bindKey, storedFlags, stored, true)
+}
+
+// decode is AppendDecode, and AppendDecodeInPlace when inPlace; placed
+// reports a value returned where it lies.
+func (c *Codec) decode(dst, key []byte, bindKey bool, storedFlags uint32, stored []byte, inPlace bool) (value []byte, flags uint32, placed bool, err error) {
 	if storedFlags&c.mask == 0 || len(stored) < minEnvelope {
-		return dst, 0, ErrBadHeader
+		return dst, 0, false, ErrBadHeader
 	}
 	hdr := stored[0]
 	if hdr>>versionShift != version {
-		return dst, 0, ErrBadVersion
+		return dst, 0, false, ErrBadVersion
 	}
 	bound := hdr&bitBound != 0
 	if bound != bindKey {
-		return dst, 0, ErrKeyMismatch
+		return dst, 0, false, ErrKeyMismatch
 	}
 	lenAt := bindOffset
 	if bound {
 		lenAt += bindingLen
 	}
 	if len(stored) <= lenAt {
-		return dst, 0, ErrBadHeader
+		return dst, 0, false, ErrBadHeader
 	}
 	n, k := binary.Uvarint(stored[lenAt:])
 	if k <= 0 || n > maxDecodedLen {
-		return dst, 0, ErrBadHeader
+		return dst, 0, false, ErrBadHeader
 	}
 	if c.maxValue > 0 && n > c.maxValue {
-		return dst, 0, ErrLengthMismatch
+		return dst, 0, false, ErrLengthMismatch
 	}
 	flags = c.clientFlags(storedFlags, hdr)
 	if checksum(flags, key, stored, nil) != binary.LittleEndian.Uint32(stored[crcOffset:]) {
-		return dst, 0, ErrChecksumMismatch
+		return dst, 0, false, ErrChecksumMismatch
 	}
 	if bound {
 		sum := blake2b.Sum256(key)
 		if !bytes.Equal(sum[:bindingLen], stored[bindOffset:bindOffset+bindingLen]) {
-			return dst, 0, ErrKeyMismatch
+			return dst, 0, false, ErrKeyMismatch
 		}
 	}
 
@@ -220,37 +236,40 @@ func (c *Codec) AppendDecode(dst, key []byte, bindKey bool, storedFlags uint32, 
 	switch hdr & codecMask {
 	case CodecNone:
 		if uint64(len(payload)) != n {
-			return dst, 0, ErrLengthMismatch
+			return dst, 0, false, ErrLengthMismatch
 		}
-		return append(grow(dst, len(payload)), payload...), flags, nil
+		if inPlace {
+			return payload[:n:n], flags, true, nil
+		}
+		return append(grow(dst, len(payload)), payload...), flags, false, nil
 	case CodecSnappy:
 		if n > uint64(len(payload))*snappyMaxExpansion || n > math.MaxInt-uint64(len(dst)) {
-			return dst, 0, ErrLengthMismatch
+			return dst, 0, false, ErrLengthMismatch
 		}
 		start := len(dst)
 		out := grow(dst, int(n))[:start+int(n)]
 		dec, derr := snappy.Decode(out[start:], stored[lenAt:])
 		if derr != nil {
-			return dst, 0, ErrDecodeError
+			return dst, 0, false, ErrDecodeError
 		}
 		if len(dec) != int(n) {
-			return dst, 0, ErrLengthMismatch
+			return dst, 0, false, ErrLengthMismatch
 		}
-		return out, flags, nil
+		return out, flags, false, nil
 	case CodecPostings:
 		out, err := appendPostings(dst, n, payload)
 		if err != nil {
-			return dst, 0, err
+			return dst, 0, false, err
 		}
-		return out, flags, nil
+		return out, flags, false, nil
 	case CodecPostingsPacked:
 		out, err := appendPacked(dst, n, payload)
 		if err != nil {
-			return dst, 0, err
+			return dst, 0, false, err
 		}
-		return out, flags, nil
+		return out, flags, false, nil
 	}
-	return dst, 0, ErrUnknownCodec
+	return dst, 0, false, ErrUnknownCodec
 }
 
 // snappyBlock is the size of the independent blocks snappy compresses. A

@@ -628,3 +628,44 @@ func TestDecodeRefusesValuesOverTheMaximum(t *testing.T) {
 		t.Errorf("decode at the maximum: %v", err)
 	}
 }
+
+// TestDecodeInPlaceAgreesWithDecode: AppendDecodeInPlace gives what
+// AppendDecode gives for every fixture, a value stored as it is as the
+// very bytes of the envelope (and nothing appended), any other decoded;
+// and it refuses every single-byte change AppendDecode refuses.
+func TestDecodeInPlaceAgreesWithDecode(t *testing.T) {
+	c := newTestCodec(t, nil)
+	placed := 0
+	for _, fx := range fixtures() {
+		t.Run(fx.name, func(t *testing.T) {
+			stored, sf := c.AppendEncode(nil, fx.key, fx.bind, fx.flags, fx.value)
+			dst := []byte("before")
+			got, flags, inPlace, err := c.AppendDecodeInPlace(dst, fx.key, fx.bind, sf, stored)
+			if err != nil || flags != fx.flags {
+				t.Fatalf("decode: %v, flags %#x want %#x", err, flags, fx.flags)
+			}
+			if inPlace != (codecOf(stored) == CodecNone) {
+				t.Fatalf("in place %v for codec %d", inPlace, codecOf(stored))
+			}
+			if inPlace {
+				placed++
+				if !bytes.Equal(got, fx.value) || len(got) > 0 && &got[0] != &stored[len(stored)-len(got)] {
+					t.Fatal("a value stored as it is did not come back as the envelope's own bytes")
+				}
+			} else if !bytes.Equal(got, append([]byte("before"), fx.value...)) {
+				t.Fatalf("decoded %.40q", got)
+			}
+			bad := bytes.Clone(stored)
+			for i := range bad {
+				bad[i] ^= 0x55
+				if _, _, _, err := c.AppendDecodeInPlace(nil, fx.key, fx.bind, sf, bad); err == nil {
+					t.Fatalf("byte %d changed and the envelope still decoded in place", i)
+				}
+				bad[i] ^= 0x55
+			}
+		})
+	}
+	if placed == 0 {
+		t.Error("no fixture is stored as it is: the in-place path was not tested")
+	}
+}

@@ -145,8 +145,12 @@ type loopOwner struct {
 	upStart, upEnd int
 	// The block written anew (opened, its CAS dropped, or another zone's
 	// hit) is arena[arenaStart:arenaEnd]; arenaEnd is 0 for one that is
-	// not.
+	// not. For an envelope that holds its value as it is, the arena holds
+	// only the VALUE line, and the value is view, in the chunk memcached's
+	// reply is in (see open).
 	arenaStart, arenaEnd int
+	view                 []byte
+	inPlace              bool
 	// zone is the zone the key was last asked of, and meta says its
 	// block is an mg reply, "VA …" and the value, with the item's time
 	// to live in ttl: as other zones are asked, and every zone with the
@@ -456,6 +460,9 @@ func (s *loopSlot) answer() {
 		hit := block != nil
 		if hit {
 			s.out = append(s.out, block)
+			if src.inPlace {
+				s.out = append(s.out, src.view, crlf)
+			}
 		}
 		tally.add(o.tenant, hit)
 	}
@@ -531,15 +538,22 @@ func (s *loopSlot) open(i int, o *loopOwner) bool {
 		return true
 	}
 	// The value is decoded straight into the arena, behind the header
-	// its envelope announces; a refused one takes its header back.
+	// its envelope announces, or, held in the envelope as it is, answered
+	// from where it lies, with only its header in the arena (values
+	// compressed already, as Mimir's postings, are not copied); a refused
+	// one takes its header back.
 	start := len(s.arena)
 	n, flags, ok := p.codec.DecodedLen(o.flags, stored)
 	if ok {
 		s.arena = appendValueHeader(s.arena, string(key), flags, n, o.cas, s.id == cmdGets || s.id == cmdGats)
 	}
 	at := len(s.arena)
-	out, decFlags, err := p.codec.AppendDecode(s.arena, key, o.bound, o.flags, stored)
-	if err != nil || len(out)-at != n || decFlags != flags {
+	out, decFlags, inPlace, err := p.codec.AppendDecodeInPlace(s.arena, key, o.bound, o.flags, stored)
+	got := len(out) - at
+	if inPlace {
+		got = len(out)
+	}
+	if err != nil || got != n || decFlags != flags {
 		s.arena = s.arena[:start]
 		r := codec.ReasonOf(err)
 		if err == nil {
@@ -549,9 +563,14 @@ func (s *loopSlot) open(i int, o *loopOwner) bool {
 		o.corrupt = r.Damaged() // deleted by answer, on the loop
 		return false
 	}
-	s.arena = append(out, crlf...)
+	var v []byte
+	if inPlace {
+		o.view, o.inPlace, v = out, true, out
+	} else {
+		s.arena = append(out, crlf...)
+		v = s.arena[at : at+n]
+	}
 	o.arenaStart, o.arenaEnd = start, len(s.arena)
-	v := s.arena[at : at+n]
 	p.stats.codecReadLogical.Add(uint64(n))
 	p.stats.codecReadStored.Add(uint64(len(stored)))
 	s.keep(i, o, key, flags, v)
