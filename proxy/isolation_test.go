@@ -30,18 +30,20 @@ import (
 // MCSIDECAR_ISOLATION_SEEDS sets the seeds per path (default 150),
 // MCSIDECAR_ISOLATION_FIRST_SEED the first, and
 // MCSIDECAR_ISOLATION_DURATION (e.g. 1h, with go test's -timeout above
-// it) runs seeds until that much time has passed instead, half of it per
-// path. A failing seed runs alone with
+// it) runs seeds until that much time has passed instead, a quarter of it
+// per path: the goroutine path and the event loop, each also with every
+// value enveloped. A failing seed runs alone with
 // -run 'TestIsolationUnderUpstreamFaults/eventloop/seed=17$'.
 func TestIsolationUnderUpstreamFaults(t *testing.T) {
 	seeds, first, duration := isolationBudget(t)
 	for _, path := range []struct {
-		name  string
-		loops int
-	}{{"goroutines", 0}, {"eventloop", 1}} {
+		name      string
+		loops     int
+		envelopes bool
+	}{{"goroutines", 0, false}, {"eventloop", 1, false}, {"goroutines-envelopes", 0, true}, {"eventloop-envelopes", 1, true}} {
 		t.Run(path.name, func(t *testing.T) {
 			mc := startMemcached(t, "-m", "256")
-			end := time.Now().Add(duration / 2)
+			end := time.Now().Add(duration / 4)
 			var failed []uint64
 			var injected [numFaultKinds]int64
 			ran, i := 0, 0
@@ -49,7 +51,7 @@ func TestIsolationUnderUpstreamFaults(t *testing.T) {
 				seed := first + uint64(i)
 				t.Run("seed="+strconv.FormatUint(seed, 10), func(t *testing.T) {
 					ran++
-					f := runIsolationSeed(t, mc, seed, path.loops)
+					f := runIsolationSeed(t, mc, seed, path.loops, path.envelopes)
 					for k := range injected {
 						injected[k] += f.injected[k].Load()
 					}
@@ -125,11 +127,16 @@ func isolationFaults(rng *rand.Rand) faultConfig {
 // goroutine per connection) in front of a fault forwarder in front of the
 // memcached at mc, and two to six checking clients. It returns the
 // forwarder, whose counts say what was injected.
-func runIsolationSeed(t *testing.T, mc string, seed uint64, loops int) *faultForwarder {
+func runIsolationSeed(t *testing.T, mc string, seed uint64, loops int, envelopes bool) *faultForwarder {
 	rng := rand.New(rand.NewPCG(seed, 0))
 	faults := isolationFaults(rng)
 	fwd := startFaultForwarder(t, mc, seed, faults)
 	cfg := testConfig(fwd.addr)
+	if envelopes {
+		// Every value enveloped: appends and counters are
+		// read-modify-writes, and every value read is checked.
+		cfg = envelopeAllConfig(fwd.addr)
+	}
 	cfg.EventLoops = loops
 	// Short, so that a reply a fault cut short is given up soon.
 	cfg.Timeout = 100 * time.Millisecond

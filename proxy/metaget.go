@@ -4,6 +4,7 @@ package proxy
 
 import (
 	"bytes"
+	"fmt"
 	"strconv"
 
 	"mcsidecar/proxy/internal/wire"
@@ -210,6 +211,12 @@ func (c *conn) metaGetAnswer(m *metaReq, bound bool, line, value []byte, srv *up
 		return nil, 0, false
 	}
 	r, ok := c.metaParse(line)
+	if _, hasFlags := r.flag('f'); ok && c.p.codec != nil && r.code == [2]byte{'V', 'A'} && !hasFlags {
+		// Asked for (see appendMetaGet), and always returned by
+		// memcached: without them an envelope would look like a plain
+		// value. The reply was damaged on the way.
+		return c.metaGetAnswer(m, bound, nil, nil, srv, fmt.Errorf("mg: memcached replied without the item's flags: %q", line))
+	}
 	if !ok || r.code != [2]byte{'V', 'A'} && r.code != [2]byte{'H', 'D'} {
 		if bytes.HasPrefix(line, metaCodeMiss) {
 			c.metaCountKey(m, false)

@@ -58,8 +58,11 @@ func (p *rawPool) getForUpdate(key string, dst []byte) (value []byte, it MetaIte
 // request parser is lenient: memcached writes this line one way (single
 // spaces, plain decimals), and anything else means the connection is not
 // talking to a memcached any more. Flags the proxy did not ask for are
-// skipped; a size over 1 GiB is refused, so a broken server cannot make
-// the proxy reserve more.
+// skipped, but f, c and t, which it always asks for, must each be there:
+// memcached returns every flag asked, and a hit without its flags (a
+// damaged "f" read as some other letter) would make an envelope look like
+// a plain value. A size over 1 GiB is refused, so a broken server cannot
+// make the proxy reserve more.
 func ParseMetaValue(line []byte) (size int, it MetaItem, err error) {
 	bad := func() (int, MetaItem, error) {
 		return 0, MetaItem{}, fmt.Errorf("%w: %q", errUnexpectedReply, line)
@@ -75,6 +78,7 @@ func ParseMetaValue(line []byte) (size int, it MetaItem, err error) {
 		return bad()
 	}
 	it = MetaItem{TTL: -1}
+	var seen uint8 // f, c and t: 1, 2 and 4
 	for more {
 		word, rest, more = bytes.Cut(rest, []byte{' '})
 		if len(word) == 0 || bytes.ContainsFunc(word, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
@@ -83,12 +87,15 @@ func ParseMetaValue(line []byte) (size int, it MetaItem, err error) {
 		var v uint64
 		switch word[0] {
 		case 'f':
+			seen |= 1
 			v, ok = wire.ParseDecimal(word[1:], math.MaxUint32)
 			it.Flags = uint32(v)
 		case 'c':
+			seen |= 2
 			v, ok = wire.ParseDecimal(word[1:], math.MaxUint64)
 			it.CAS = v
 		case 't':
+			seen |= 4
 			// -1 is "never expires"; memcached writes no other negative.
 			if string(word[1:]) == "-1" {
 				it.TTL = -1
@@ -100,6 +107,9 @@ func ParseMetaValue(line []byte) (size int, it MetaItem, err error) {
 		if !ok {
 			return bad()
 		}
+	}
+	if seen != 7 {
+		return bad()
 	}
 	return int(n), it, nil
 }

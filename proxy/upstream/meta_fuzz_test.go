@@ -12,7 +12,8 @@ import (
 var metaLine = regexp.MustCompile(`^VA ([0-9]+)((?: [\x21-\x7e]+)*)\r\n$`)
 
 // metaOracle parses a meta get header with the standard library, the slow
-// and obvious way, as the reference ParseMetaValue must agree with.
+// and obvious way, as the reference ParseMetaValue must agree with. The
+// proxy always asks for f, c and t, so a hit without one is refused.
 func metaOracle(line []byte) (size int, it MetaItem, ok bool) {
 	m := metaLine.FindSubmatch(line)
 	if m == nil {
@@ -23,8 +24,10 @@ func metaOracle(line []byte) (size int, it MetaItem, ok bool) {
 		return 0, MetaItem{}, false
 	}
 	it = MetaItem{TTL: -1}
+	seen := map[byte]bool{}
 	for _, w := range regexp.MustCompile(`[^ ]+`).FindAll(m[2], -1) {
 		arg := string(w[1:])
+		seen[w[0]] = true
 		switch w[0] {
 		case 'f':
 			v, err := strconv.ParseUint(arg, 10, 32)
@@ -50,6 +53,9 @@ func metaOracle(line []byte) (size int, it MetaItem, ok bool) {
 			it.TTL = int32(v)
 		}
 	}
+	if !seen['f'] || !seen['c'] || !seen['t'] {
+		return 0, MetaItem{}, false
+	}
 	return int(n), it, true
 }
 
@@ -66,7 +72,11 @@ func FuzzMetaReply(f *testing.F) {
 		"VA 0 f4294967295 c2 t100\r\n",
 		"VA 3\r\n",
 		"VA 3 f5 c1 t-1 ka O123\r\n",
+		"VA 3 t-1 c1 f5\r\n",
 		"EN\r\n",
+		// Damaged: the flags read as another letter, or missing.
+		"VA 3 ~5 c1 t-1\r\n",
+		"VA 3 c1 t-1\r\n",
 		// Near misses.
 		"VA 3  f5\r\n",
 		"VA 3 f5 \r\n",
