@@ -11,7 +11,6 @@ import (
 
 	"mcsidecar/codec"
 	"mcsidecar/keyspace"
-	"mcsidecar/proxy/evloop"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -147,7 +146,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.Var(&c.LocalCacheSize, "local-cache-size", "memory of the local tier, which serves values that never change (keys of a scheme marked immutable: block-scoped index-cache keys, byte ranges of block files) from the sidecar itself, counted as values, keys and bookkeeping (bytes, or with k/m/g suffix); 0 turns it off")
 	c.TLS.registerFlags(fs)
 	c.UpstreamTLS.registerFlags(fs)
-	fs.IntVar(&c.EventLoops, "event-loops", EventLoopsAuto, "serve clients on this many event loops, each with its own upstream connections, instead of a goroutine per connection (every command is answered on the loop, values enveloped and keys rewritten there); 0: a goroutine per connection; -1 (auto): one loop on Linux, a goroutine per connection elsewhere")
+	fs.IntVar(&c.EventLoops, "event-loops", EventLoopsAuto, "serve clients on this many event loops, each with its own upstream connections, instead of a goroutine per connection (every command is answered on the loop, values enveloped and keys rewritten there); 0: a goroutine per connection; -1 (auto): one loop")
 	fs.IntVar(&c.MetricsTenants, "metrics-tenants", 20, "busiest tenants with per-tenant metrics of their own (the rest are counted as \"other\"); 0: no per-tenant metrics")
 }
 
@@ -210,8 +209,6 @@ func (c *Config) Validate() error {
 		return errors.New("enveloping every value needs codec settings")
 	case c.EventLoops < EventLoopsAuto || c.EventLoops > 256:
 		return errors.New("--event-loops must be -1 (auto) or between 0 and 256")
-	case c.EventLoops > 0 && !evloop.Supported:
-		return fmt.Errorf("--event-loops %d: event loops need Linux (epoll); give 0 for a goroutine per connection", c.EventLoops)
 	case c.LocalCacheSize > 0 && c.Keys == nil:
 		return errors.New("--local-cache-size needs the key schemes: they say which values never change")
 	case c.Keys != nil && c.Codec == nil:

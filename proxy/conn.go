@@ -434,8 +434,9 @@ func (c *conn) logClose(err error) {
 	}
 }
 
-// remoteOf names the client at the other end of nc, if it still knows it.
-func remoteOf(nc net.Conn) string {
+// remoteOf names the client at the other end of nc (a net.Conn or an
+// evloop.Conn), if it still knows it.
+func remoteOf(nc interface{ RemoteAddr() net.Addr }) string {
 	if a := nc.RemoteAddr(); a != nil {
 		return a.String()
 	}

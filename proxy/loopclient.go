@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"io"
-	"net/netip"
 	"slices"
 	"syscall"
 	"time"
@@ -433,7 +432,7 @@ func (lc *loopClient) request(data []byte) int {
 		if unframed(data, c.p.keyLine) || len(data) >= int(c.p.cfg.MaxRequestLine) {
 			// As the goroutine path does: the replies owed are written,
 			// and the connection closed.
-			c.p.log.Warn("client connection closed", "remote", peerOf(lc.gc.Fd()), "err", errLineTooLong)
+			c.p.log.Warn("client connection closed", "remote", remoteOf(lc.gc), "err", errLineTooLong)
 			lc.quit = true
 		}
 		return 0
@@ -554,18 +553,6 @@ func (lc *loopClient) validKey(key []byte) bool {
 func (lc *loopClient) rewritten(key []byte) bool {
 	ks := lc.c.p.keys
 	return ks != nil && ks.NeedsRewrite(key)
-}
-
-// peerOf names the peer of socket fd, for a log line.
-func peerOf(fd int) string {
-	sa, _ := syscall.Getpeername(fd)
-	switch a := sa.(type) {
-	case *syscall.SockaddrInet4:
-		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port)).String()
-	case *syscall.SockaddrInet6:
-		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port)).String()
-	}
-	return ""
 }
 
 // closed ends a client on its loop: the replies it is still owed are

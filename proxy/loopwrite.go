@@ -148,16 +148,16 @@ func (lc *loopClient) putSealed() {
 }
 
 // put writes bufs straight to the socket when evloop holds none of the
-// client's bytes, and gives evloop the rest the socket does not take, up to
+// client's bytes (and has a socket to give: not the portable poller), and gives evloop the rest the socket does not take, up to
 // copyMax bytes; when evloop holds some, it gives evloop up to copyMax. It
 // returns how many bytes it wrote or gave evloop and the rest it did not,
 // or ok false when the write failed, which closes the connection.
 func (lc *loopClient) put(bufs [][]byte, copyMax int) (n int, rest [][]byte, ok bool) {
 	gc := lc.gc
-	if gc.OutboundBuffered() == 0 {
+	if fd := gc.Fd(); fd >= 0 && gc.OutboundBuffered() == 0 {
 		var err error
 		var iov []syscall.Iovec
-		bufs, n, iov, err = sockio.WriteSome(gc.Fd(), bufs, lc.iov)
+		bufs, n, iov, err = sockio.WriteSome(fd, bufs, lc.iov)
 		lc.iov = iov
 		if err != nil {
 			lc.closeSelf()

@@ -18,7 +18,6 @@ import (
 
 	"mcsidecar/codec"
 	"mcsidecar/keyspace"
-	"mcsidecar/proxy/evloop"
 	"mcsidecar/proxy/tier"
 	"mcsidecar/proxy/upstream"
 )
@@ -70,10 +69,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.EventLoops == EventLoopsAuto {
-		cfg.EventLoops = 0
-		if evloop.Supported {
-			cfg.EventLoops = 1
-		}
+		cfg.EventLoops = 1
 	}
 	var err error
 	var cd *codec.Codec

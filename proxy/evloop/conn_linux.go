@@ -1,4 +1,4 @@
-//go:build linux
+//go:build linux && !evloop_portable
 
 package evloop
 
@@ -10,15 +10,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// bufKeepMax is the largest buffer a connection keeps once it is empty.
-const bufKeepMax = 64 << 10
-
 // Conn is a connection on a loop. Its methods must be called on the
 // loop's goroutine: in a callback, or in a task given to Execute.
 type Conn struct {
-	loop *Loop
-	fd   int // -1 once closed
-	ctx  any
+	loop   *Loop
+	fd     int // -1 once closed
+	ctx    any
+	remote net.Addr
 
 	// Bytes read and not yet discarded: in[inOff:], left by earlier
 	// reads, then fresh, the last read's, during OnTraffic.
@@ -36,79 +34,10 @@ type Conn struct {
 	closing  bool // close has begun: OnClose is running or has run
 }
 
-// Context returns what was given to Enroll, or to SetContext since.
-func (c *Conn) Context() any { return c.ctx }
-
-// SetContext replaces the connection's Context.
-func (c *Conn) SetContext(ctx any) { c.ctx = ctx }
-
-// Loop returns the loop the connection is on.
-func (c *Conn) Loop() *Loop { return c.loop }
-
-// Fd returns the connection's socket, or -1 once it is closed. Writing to
-// it directly is allowed while OutboundBuffered is 0.
+// Fd returns the connection's socket, or -1 once it is closed (and always
+// with the portable poller). Writing to it directly is allowed while
+// OutboundBuffered is 0.
 func (c *Conn) Fd() int { return c.fd }
-
-// Dup returns a duplicate of the connection's socket, close-on-exec, for
-// the caller to close: one that outlives the connection.
-func (c *Conn) Dup() (int, error) {
-	if c.fd < 0 {
-		return -1, net.ErrClosed
-	}
-	fd, err := unix.FcntlInt(uintptr(c.fd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return -1, os.NewSyscallError("dup", err)
-	}
-	return fd, nil
-}
-
-// InboundBuffered is how many bytes were read and not yet discarded.
-func (c *Conn) InboundBuffered() int { return len(c.in) - c.inOff + len(c.fresh) }
-
-// Peek returns every byte read and not yet discarded, in one slice. It is
-// the read buffer itself when no earlier bytes wait before the last read's;
-// otherwise those are appended to the earlier ones first. The slice is
-// valid until the callback or task that called Peek returns, or Discard
-// and Peek have been called again.
-func (c *Conn) Peek() []byte {
-	if c.inOff == len(c.in) {
-		return c.fresh
-	}
-	if len(c.fresh) > 0 {
-		c.keepIn(c.fresh)
-		c.fresh = nil
-	}
-	return c.in[c.inOff:]
-}
-
-// Discard drops the first n bytes read (all of them when there are
-// fewer).
-func (c *Conn) Discard(n int) {
-	if n <= 0 {
-		return
-	}
-	if held := len(c.in) - c.inOff; held > 0 {
-		if n < held {
-			c.inOff += n
-			return
-		}
-		n -= held
-		c.in, c.inOff = c.in[:0], 0
-		if cap(c.in) > bufKeepMax {
-			c.in = nil
-		}
-	}
-	c.fresh = c.fresh[min(n, len(c.fresh)):]
-}
-
-// keepIn appends b to the bytes kept from earlier reads.
-func (c *Conn) keepIn(b []byte) {
-	if c.inOff > 0 {
-		c.in = c.in[:copy(c.in, c.in[c.inOff:])]
-		c.inOff = 0
-	}
-	c.in = append(c.in, b...)
-}
 
 // OutboundBuffered is how many bytes the connection holds to write.
 func (c *Conn) OutboundBuffered() int { return len(c.out) - c.outOff }
@@ -182,10 +111,10 @@ func (c *Conn) Writev(bufs [][]byte) (int, error) {
 	return total, nil
 }
 
-// Flush writes what the connection holds to write, as far as the socket
+// flush writes what the connection holds to write, as far as the socket
 // takes it in one write. A write that fails closes the connection, unless
 // it is closing already.
-func (c *Conn) Flush() error {
+func (c *Conn) flush() error {
 	if c.fd < 0 || c.outOff == len(c.out) {
 		return nil
 	}
@@ -253,10 +182,6 @@ func (c *Conn) setPaused(paused bool) {
 	}
 }
 
-// Reading reports whether the socket is read: false between PauseReading
-// and ResumeReading.
-func (c *Conn) Reading() bool { return !c.paused }
-
 // Close closes the connection now: OnClose runs before Close returns, and
 // what the connection holds to write is written after it, as far as the
 // socket takes it without waiting. Closing a closed connection does
@@ -301,7 +226,7 @@ func (c *Conn) event(ev uint32) {
 		return
 	}
 	if ev&(unix.EPOLLOUT|broken) != 0 && c.outOff < len(c.out) {
-		if c.Flush(); c.fd < 0 {
+		if c.flush(); c.fd < 0 {
 			return
 		}
 	}

@@ -1,11 +1,16 @@
 // Package evloop runs stream connections on event loops: each loop is one
-// goroutine that waits on epoll for its sockets and calls a Handler as
-// they become readable, writing what the socket does not take once it has
-// room. It is the small part of an event-loop library the proxy needs:
-// connections are accepted or dialled elsewhere and enrolled, and nothing
-// else (no listeners, timers or UDP) is offered.
+// goroutine that calls a Handler as its connections' bytes arrive, one
+// call at a time. It is the small part of an event-loop library the proxy
+// needs: connections are accepted or dialled elsewhere and enrolled, and
+// nothing else (no listeners, timers or UDP) is offered.
 //
-// Event loops need Linux; elsewhere New fails and Supported is false.
+// On Linux a loop waits on epoll for its sockets, reads them when they are
+// readable and writes what a socket does not take once it has room. Other
+// systems, and Linux builds with the tag evloop_portable, use the portable
+// poller instead: a reader and a writer goroutine a connection, doing
+// blocking reads and writes and handing their outcomes to the loop, which
+// calls the Handler exactly as on epoll. The Handler cannot tell them
+// apart, except that Fd is -1 with the portable poller.
 package evloop
 
 import (
@@ -90,9 +95,6 @@ const defaultReadBuffer = 64 << 10
 // ErrStopped is what Execute and Enroll return once the engine or the
 // loop stops.
 var ErrStopped = errors.New("evloop: stopped")
-
-// errNeedsLinux is New's error where there is no epoll.
-var errNeedsLinux = errors.New("evloop: event loops need Linux (epoll)")
 
 func (cfg *Config) validate() error {
 	switch {

@@ -1,4 +1,4 @@
-//go:build linux
+//go:build linux && !evloop_portable
 
 package evloop
 

@@ -1,4 +1,4 @@
-//go:build linux
+//go:build linux && !evloop_portable
 
 package evloop
 
@@ -22,6 +22,9 @@ const (
 	eventsMax = 1024 // and at most, once waits fill the array
 	iovMax    = 1024 // the most buffers one writev takes (UIO_MAXIOV)
 )
+
+// Poller names how loops learn of their connections' bytes.
+const Poller = "epoll"
 
 // Loop is one event loop: a goroutine waiting on an epoll set, which owns
 // the connections enrolled on it. Only Execute and Enroll may be called
@@ -146,6 +149,7 @@ func (l *Loop) Enroll(nc net.Conn, ctx any) (*Conn, error) {
 }
 
 func (l *Loop) enroll(nc net.Conn, ctx any) (*Conn, error) {
+	remote := nc.RemoteAddr()
 	fd, err := takeSocket(nc)
 	if err != nil {
 		return nil, err
@@ -156,7 +160,7 @@ func (l *Loop) enroll(nc net.Conn, ctx any) (*Conn, error) {
 			return nil, os.NewSyscallError("setsockopt", err)
 		}
 	}
-	c := &Conn{loop: l, fd: fd, ctx: ctx}
+	c := &Conn{loop: l, fd: fd, ctx: ctx, remote: remote}
 	opened := make(chan error, 1)
 	if err := l.Execute(func() { opened <- l.open(c) }); err != nil {
 		unix.Close(fd)

@@ -1,5 +1,3 @@
-//go:build linux
-
 package evloop
 
 import (
@@ -7,9 +5,6 @@ import (
 	"net"
 	"sync"
 )
-
-// Supported reports whether event loops run on this system.
-const Supported = true
 
 // Engine is a set of event loops sharing one Handler.
 type Engine struct {
