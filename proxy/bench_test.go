@@ -2,31 +2,14 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
-	"io"
 	"net"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
-
-// repeatReader yields the same request bytes forever, so a benchmark reads
-// a steady pipelined stream without a socket.
-type repeatReader struct {
-	req []byte
-	off int
-}
-
-func (r *repeatReader) Read(b []byte) (int, error) {
-	n := 0
-	for n < len(b) {
-		c := copy(b[n:], r.req[r.off:])
-		n += c
-		r.off = (r.off + c) % len(r.req)
-	}
-	return n, nil
-}
 
 var parseRequests = []struct {
 	name, req string
@@ -36,30 +19,22 @@ var parseRequests = []struct {
 	{"set", "set S:tenant-1:01HZ0000000000000000000000:123456 0 604800 16\r\n0123456789abcdef\r\n"},
 }
 
-// parseOne frames and parses the next request from rd as the connection
-// loop does, including a storage command's data block.
-func parseOne(rd *reader, words [][]byte) ([][]byte, error) {
-	line, err := rd.line()
-	for err == errNeedMore {
-		if err = rd.fill(); err != nil {
-			return words, err
-		}
-		line, err = rd.line()
+// parseOne frames and parses one request, as the loop does with the
+// bytes a read brought: its line, and a storage command's data block.
+func parseOne(req []byte, words [][]byte) ([][]byte, error) {
+	i := bytes.IndexByte(req, '\n')
+	if i < 0 {
+		return words, fmt.Errorf("no line in %q", req)
 	}
-	if err != nil {
-		return words, err
-	}
+	line := commandLine(req[:i])
 	cmd, words, v := parseLine(words, line)
 	if v != verdictRun {
 		return words, fmt.Errorf("verdict %d for %q", v, line)
 	}
 	if cmd.id == cmdSet {
 		a := parseStoreArgs(words, false)
-		if !a.ok {
-			return words, fmt.Errorf("bad set line %q", line)
-		}
-		if _, err := rd.data(a.vlen + 2); err != nil {
-			return words, err
+		if !a.ok || len(req)-(i+1) < a.vlen+2 {
+			return words, fmt.Errorf("bad set %q", req)
 		}
 	}
 	return words, nil
@@ -71,13 +46,13 @@ func parseOne(rd *reader, words [][]byte) ([][]byte, error) {
 func BenchmarkParse(b *testing.B) {
 	for _, r := range parseRequests {
 		b.Run(r.name, func(b *testing.B) {
-			rd := newReader(&repeatReader{req: []byte(r.req)}, readBufferSize, 1<<20, lineLimit, nil)
+			req := []byte(r.req)
 			words := make([][]byte, 0, maxTokens)
 			b.ReportAllocs()
 			b.SetBytes(int64(len(r.req)))
 			for b.Loop() {
 				var err error
-				if words, err = parseOne(rd, words); err != nil {
+				if words, err = parseOne(req, words); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -87,15 +62,15 @@ func BenchmarkParse(b *testing.B) {
 
 func TestParsingAllocatesNothing(t *testing.T) {
 	for _, r := range parseRequests {
-		rd := newReader(&repeatReader{req: []byte(r.req)}, readBufferSize, 1<<20, lineLimit, nil)
+		req := []byte(r.req)
 		words := make([][]byte, 0, maxTokens)
 		// Warm up: the 100-key line grows words once.
 		for range 3 {
-			words, _ = parseOne(rd, words)
+			words, _ = parseOne(req, words)
 		}
 		allocs := testing.AllocsPerRun(1000, func() {
 			var err error
-			if words, err = parseOne(rd, words); err != nil {
+			if words, err = parseOne(req, words); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -166,14 +141,13 @@ func (rc *rawClient) roundTrip(req []byte, end string) error {
 func BenchmarkEndToEnd(b *testing.B) {
 	mc := startMemcached(b)
 	_, px := startProxy(b, testConfig(mc))
-	_, loop := startProxy(b, loopConfig(mc))
 	value := strings.Repeat("v", 1024)
 	setReq := []byte("set bench:key 0 0 1024\r\n" + value + "\r\n")
 	getReq := []byte("get bench:key\r\n")
 	if err := newRawClient(b, mc).roundTrip(setReq, "STORED"); err != nil {
 		b.Fatal(err)
 	}
-	for _, target := range []struct{ name, addr string }{{"memcached", mc}, {"proxy", px}, {"proxy-loop", loop}} {
+	for _, target := range []struct{ name, addr string }{{"memcached", mc}, {"proxy", px}} {
 		for _, op := range []struct {
 			name, end string
 			req       []byte
@@ -186,14 +160,11 @@ func BenchmarkEndToEnd(b *testing.B) {
 
 // BenchmarkEndToEndTransformed is BenchmarkEndToEnd for what the sidecar
 // transforms: a postings value (enveloped, compressed) and a long Mimir
-// key (rewritten, its value enveloped and bound), each got and set on
-// the goroutine path and on an event loop, 32 connections.
+// key (rewritten, its value enveloped and bound), each got and set over
+// 32 connections.
 func BenchmarkEndToEndTransformed(b *testing.B) {
 	mc := startMemcached(b)
 	_, px := startProxy(b, keyspaceConfig(mc))
-	loopCfg := keyspaceConfig(mc)
-	loopCfg.EventLoops = 1
-	_, loop := startProxy(b, loopCfg)
 	value := strings.Repeat("postings 1234567 ", 240) // 4 KiB that compress
 	for _, key := range []struct{ name, key string }{{"postings", "P2:team-a:" + testBlock + ":am9iOmFwaQ"}, {"long-key", mimirLV2Key()}} {
 		setReq := []byte("set " + key.key + " 0 0 " + strconv.Itoa(len(value)) + "\r\n" + value + "\r\n")
@@ -201,7 +172,7 @@ func BenchmarkEndToEndTransformed(b *testing.B) {
 		if err := newRawClient(b, px).roundTrip(setReq, "STORED"); err != nil {
 			b.Fatal(err)
 		}
-		for _, target := range []struct{ name, addr string }{{"proxy", px}, {"proxy-loop", loop}} {
+		for _, target := range []struct{ name, addr string }{{"proxy", px}} {
 			for _, op := range []struct {
 				name, end string
 				req       []byte
@@ -227,8 +198,6 @@ func benchParallel(b *testing.B, addr string, req []byte, end string) {
 		}
 	})
 }
-
-var _ io.Reader = (*repeatReader)(nil)
 
 // benchRoundTrips sends req to addr b.N times on one connection, each
 // reply read up to its line starting with end.

@@ -3,20 +3,21 @@ package proxy
 import (
 	"bytes"
 	"strings"
-	"time"
 
 	"mcsidecar/proxy/internal/wire"
 )
 
 // command is one row of the command table: the verb, how many words its
-// line may have (the verb included, as memcached counts them), and its
-// handler. The table also bounds the metrics' command label.
+// line may have (the verb included, as memcached counts them), and for
+// those the proxy answers itself, its answer. The table also bounds the metrics' command label.
 type command struct {
 	id       int
 	name     string
 	minWords int
 	maxWords int // 0: no limit (retrieval commands take any number of keys)
-	run      func(c *conn, words [][]byte) error
+	// local answers a command that asks memcached nothing (version,
+	// verbosity, stats, mn); nil for the others, which the loop sends.
+	local func(c *conn, words [][]byte)
 }
 
 // Command ids, in table order.
@@ -54,33 +55,33 @@ const (
 // checks (WANT_TOKENS*) less its terminal token; a line over its count is
 // answered ERROR, as memcached does.
 var commands = numbered([numCommands]command{
-	cmdGet:       {name: "get", minWords: 2, run: func(c *conn, w [][]byte) error { return c.retrieve(w[1:], false) }},
-	cmdGets:      {name: "gets", minWords: 2, run: func(c *conn, w [][]byte) error { return c.retrieve(w[1:], true) }},
-	cmdGat:       {name: "gat", minWords: 2, run: func(c *conn, w [][]byte) error { return c.getAndTouch(w[1:], false) }},
-	cmdGats:      {name: "gats", minWords: 2, run: func(c *conn, w [][]byte) error { return c.getAndTouch(w[1:], true) }},
-	cmdSet:       {name: "set", minWords: 5, maxWords: 6, run: func(c *conn, w [][]byte) error { return c.store(cmdSet, w) }},
-	cmdAdd:       {name: "add", minWords: 5, maxWords: 6, run: func(c *conn, w [][]byte) error { return c.store(cmdAdd, w) }},
-	cmdReplace:   {name: "replace", minWords: 5, maxWords: 6, run: func(c *conn, w [][]byte) error { return c.store(cmdReplace, w) }},
-	cmdAppend:    {name: "append", minWords: 5, maxWords: 6, run: func(c *conn, w [][]byte) error { return c.store(cmdAppend, w) }},
-	cmdPrepend:   {name: "prepend", minWords: 5, maxWords: 6, run: func(c *conn, w [][]byte) error { return c.store(cmdPrepend, w) }},
-	cmdCas:       {name: "cas", minWords: 6, maxWords: 7, run: func(c *conn, w [][]byte) error { return c.store(cmdCas, w) }},
-	cmdIncr:      {name: "incr", minWords: 3, maxWords: 4, run: func(c *conn, w [][]byte) error { return c.arithmetic(w, true) }},
-	cmdDecr:      {name: "decr", minWords: 3, maxWords: 4, run: func(c *conn, w [][]byte) error { return c.arithmetic(w, false) }},
-	cmdTouch:     {name: "touch", minWords: 3, maxWords: 4, run: (*conn).touch},
-	cmdDelete:    {name: "delete", minWords: 2, maxWords: 4, run: (*conn).delete},
-	cmdFlushAll:  {name: "flush_all", minWords: 1, maxWords: 3, run: (*conn).flushAll},
-	cmdVersion:   {name: "version", minWords: 1, run: (*conn).version},
-	cmdVerbosity: {name: "verbosity", minWords: 2, maxWords: 3, run: (*conn).verbosity},
-	cmdStats:     {name: "stats", minWords: 1, run: (*conn).stats},
-	cmdQuit:      {name: "quit", minWords: 1, run: (*conn).quit},
+	cmdGet:       {name: "get", minWords: 2},
+	cmdGets:      {name: "gets", minWords: 2},
+	cmdGat:       {name: "gat", minWords: 2},
+	cmdGats:      {name: "gats", minWords: 2},
+	cmdSet:       {name: "set", minWords: 5, maxWords: 6},
+	cmdAdd:       {name: "add", minWords: 5, maxWords: 6},
+	cmdReplace:   {name: "replace", minWords: 5, maxWords: 6},
+	cmdAppend:    {name: "append", minWords: 5, maxWords: 6},
+	cmdPrepend:   {name: "prepend", minWords: 5, maxWords: 6},
+	cmdCas:       {name: "cas", minWords: 6, maxWords: 7},
+	cmdIncr:      {name: "incr", minWords: 3, maxWords: 4},
+	cmdDecr:      {name: "decr", minWords: 3, maxWords: 4},
+	cmdTouch:     {name: "touch", minWords: 3, maxWords: 4},
+	cmdDelete:    {name: "delete", minWords: 2, maxWords: 4},
+	cmdFlushAll:  {name: "flush_all", minWords: 1, maxWords: 3},
+	cmdVersion:   {name: "version", minWords: 1, local: (*conn).version},
+	cmdVerbosity: {name: "verbosity", minWords: 2, maxWords: 3, local: (*conn).verbosity},
+	cmdStats:     {name: "stats", minWords: 1, local: (*conn).stats},
+	cmdQuit:      {name: "quit", minWords: 1},
 	// The meta commands take up to memcached's token limit; metaReq
 	// refuses more flags than memcached reads.
-	cmdMetaGet:        {name: "mg", minWords: 2, maxWords: maxTokens, run: (*conn).metaGet},
-	cmdMetaSet:        {name: "ms", minWords: 2, maxWords: maxTokens, run: (*conn).metaSet},
-	cmdMetaDelete:     {name: "md", minWords: 2, maxWords: maxTokens, run: (*conn).metaDelete},
-	cmdMetaArithmetic: {name: "ma", minWords: 2, maxWords: maxTokens, run: (*conn).metaArithmetic},
-	cmdMetaNoop:       {name: "mn", minWords: 1, maxWords: maxTokens, run: (*conn).metaNoop},
-	cmdMetaDebug:      {name: "me", minWords: 1, maxWords: maxTokens, run: (*conn).metaDebug},
+	cmdMetaGet:        {name: "mg", minWords: 2, maxWords: maxTokens},
+	cmdMetaSet:        {name: "ms", minWords: 2, maxWords: maxTokens},
+	cmdMetaDelete:     {name: "md", minWords: 2, maxWords: maxTokens},
+	cmdMetaArithmetic: {name: "ma", minWords: 2, maxWords: maxTokens},
+	cmdMetaNoop:       {name: "mn", minWords: 1, maxWords: maxTokens, local: (*conn).metaNoop},
+	cmdMetaDebug:      {name: "me", minWords: 1, maxWords: maxTokens},
 	cmdUnknown:        {name: "unknown"},
 })
 
@@ -155,54 +156,4 @@ func parseLine(dst [][]byte, line []byte) (*command, [][]byte, verdict) {
 		return cmd, words, verdictBadArgs
 	}
 	return cmd, words, verdictRun
-}
-
-// dispatch parses one command line and runs it. It returns an error only
-// when the connection must close, or errNeedMore, with the line put back
-// (it starts at start in the read buffer), when the command's data block
-// has not all arrived yet.
-func (c *conn) dispatch(line []byte, start int) error {
-	c.noreply = false
-	cmd, words, v := parseLine(c.words, line)
-	c.words = words
-	switch v {
-	case verdictClose:
-		// memcached sends nothing more, not even earlier replies.
-		c.wr.reset(c.cc)
-		return errQuit
-	case verdictUnknown:
-		return c.clientError(cmdUnknown, replyError)
-	case verdictBadArgs:
-		return c.clientError(cmd.id, replyError)
-	}
-	if cmd.id != cmdMetaGet {
-		c.ahead.drop() // it may write: what was read ahead is older
-	}
-	c.useUpstreams()
-	c.lineStart = start
-	began := time.Now()
-	c.lastCmd.Store(began.UnixNano())
-	err := cmd.run(c, words)
-	if err != errNeedMore {
-		c.p.stats.latency[cmd.id].Observe(time.Since(began).Seconds())
-	}
-	return err
-}
-
-// awaitBlock reports whether the n bytes of a data block, after the line
-// being handled, are still arriving; it then puts the line back and tells
-// the reader how many bytes to wait for, so the command runs again, from
-// the start, once they are all here. A handler calls it before it counts
-// or answers anything, and a command runs only once its block is buffered:
-// no handler waits for a client. A block longer than any value the proxy
-// takes is not waited for: its command is refused at once and the block
-// dropped as it arrives.
-func (c *conn) awaitBlock(n int) bool {
-	if n > c.p.cfg.maxValueSize()+2 || c.rd.buffered(n) {
-		c.rd.want = 0
-		return false
-	}
-	c.rd.want = c.rd.r - c.lineStart + n
-	c.rd.r = c.lineStart
-	return true
 }

@@ -33,7 +33,6 @@ type Config struct {
 	Timeout          time.Duration
 	ConnectTimeout   time.Duration
 	MaxIdleConns     int
-	GetConcurrency   int
 	GetBatchKeys     int
 	RetrievalFailure string
 	MaxItemSize      ByteSize
@@ -95,15 +94,13 @@ type Config struct {
 	// the key schemes name the tenant of a key.
 	MetricsTenants int
 
-	// EventLoops > 0 serves clients on that many event loops (see
-	// loop.go) instead of a goroutine per connection; EventLoopsAuto
-	// serves them on one when the rest of the configuration allows it.
+	// EventLoops is how many event loops serve the clients (see
+	// loop.go); 0 and EventLoopsAuto mean one.
 	EventLoops int
 }
 
-// EventLoopsAuto is the EventLoops (and --event-loops) that picks the
-// data path: one event loop on Linux, a goroutine per connection
-// elsewhere (event loops need epoll).
+// EventLoopsAuto is the EventLoops (and --event-loops) that leaves the
+// count to the proxy: one loop.
 const EventLoopsAuto = -1
 
 // Replies to a retrieval whose upstream failed, for --upstream-retrieval-failure.
@@ -125,8 +122,12 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.Timeout, "upstream-timeout", 200*time.Millisecond, "read/write timeout of one upstream request")
 	fs.DurationVar(&c.ConnectTimeout, "upstream-connect-timeout", 100*time.Millisecond, "timeout to connect to an upstream server")
 	fs.IntVar(&c.MaxIdleConns, "upstream-max-idle-conns", 100, "idle connections kept per upstream server")
-	fs.IntVar(&c.GetConcurrency, "upstream-get-concurrency", 1, "on the goroutine path (event loops pipeline instead), batches of requests in flight per upstream server, each on a connection of its own; requests arriving while all are busy go together in the next batch, gets as one multi-get")
-	fs.IntVar(&c.GetBatchKeys, "upstream-get-batch-keys", 100, "most keys coalesced into one upstream multi-get")
+	// Deployments still pass it; it set the batches in flight of the
+	// goroutine per connection, which is gone: event loops pipeline
+	// every request on their own connections.
+	fs.Int("upstream-get-concurrency", 1, "ignored")
+	fs.MarkDeprecated("upstream-get-concurrency", "it is ignored: event loops pipeline every request on their own connections")
+	fs.IntVar(&c.GetBatchKeys, "upstream-get-batch-keys", 100, "most keys an event loop joins into one upstream multi-get")
 	fs.StringVar(&c.RetrievalFailure, "upstream-retrieval-failure", failureMiss, "reply to a retrieval whose upstream failed: miss or error (SERVER_ERROR)")
 	fs.IntVar(&c.FailureLimit, "upstream-failure-limit", 3, "consecutive failures (connect errors, timeouts) that eject a server; 0 never ejects")
 	fs.DurationVar(&c.RetryInterval, "upstream-retry-interval", time.Second, "how long a server stays ejected before it is probed with version; it is back at the first answer")
@@ -141,12 +142,13 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.Var(&c.MaxRequestLine, "max-request-line", "longest retrieval command line (other lines follow memcached's 2048-byte framing)")
 	fs.IntVar(&c.MaxConnections, "max-connections", 4096, "most client connections at once, like memcached's -c; one more is answered \"ERROR Too many open connections\" and closed (0: no limit)")
 	c.MaxClientOutput = defaultMaxClientOutput
-	fs.Var(&c.MaxClientOutput, "max-client-output-bytes", "most bytes of replies one client connection may be owed and not have read (bytes, or with k/m suffix; 0: 4m): at it an event loop answers none of the client's further gets until it reads, though one get is answered whenever nothing is owed, however long its reply (the goroutine path holds one request's replies at a time); a client whose replies wait on it for --idle-timeout is closed")
+	fs.Var(&c.MaxClientOutput, "max-client-output-bytes", "most bytes of replies one client connection may be owed and not have read (bytes, or with k/m suffix; 0: 4m): at it an event loop answers none of the client's further gets until it reads, though one get is answered whenever nothing is owed, however long its reply; a client whose replies wait on it for --idle-timeout is closed")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 0, "close a client connection that completes no request, or takes none of its replies, for this long, like memcached's idle_timeout (0: never)")
 	fs.Var(&c.LocalCacheSize, "local-cache-size", "memory of the local tier, which serves values that never change (keys of a scheme marked immutable: block-scoped index-cache keys, byte ranges of block files) from the sidecar itself, counted as values, keys and bookkeeping (bytes, or with k/m/g suffix); 0 turns it off")
 	c.TLS.registerFlags(fs)
 	c.UpstreamTLS.registerFlags(fs)
-	fs.IntVar(&c.EventLoops, "event-loops", EventLoopsAuto, "serve clients on this many event loops, each with its own upstream connections, instead of a goroutine per connection (every command is answered on the loop, values enveloped and keys rewritten there); 0: a goroutine per connection; -1 (auto): one loop")
+	c.EventLoops = EventLoopsAuto
+	fs.Var((*loopCount)(&c.EventLoops), "event-loops", "serve clients on this many event loops, each with its own upstream connections; -1 (auto): one loop")
 	fs.IntVar(&c.MetricsTenants, "metrics-tenants", 20, "busiest tenants with per-tenant metrics of their own (the rest are counted as \"other\"); 0: no per-tenant metrics")
 }
 
@@ -169,8 +171,6 @@ func (c *Config) Validate() error {
 		return errors.New("--upstream-connect-timeout must be positive")
 	case c.MaxIdleConns < 1:
 		return errors.New("--upstream-max-idle-conns must be at least 1")
-	case c.GetConcurrency < 1:
-		return errors.New("--upstream-get-concurrency must be at least 1")
 	case c.GetBatchKeys < 1:
 		return errors.New("--upstream-get-batch-keys must be at least 1")
 	case c.FailureLimit < 0:
@@ -208,7 +208,7 @@ func (c *Config) Validate() error {
 	case c.EnvelopeAll && c.Codec == nil:
 		return errors.New("enveloping every value needs codec settings")
 	case c.EventLoops < EventLoopsAuto || c.EventLoops > 256:
-		return errors.New("--event-loops must be -1 (auto) or between 0 and 256")
+		return errors.New("--event-loops must be -1 (auto) or between 1 and 256")
 	case c.LocalCacheSize > 0 && c.Keys == nil:
 		return errors.New("--local-cache-size needs the key schemes: they say which values never change")
 	case c.Keys != nil && c.Codec == nil:
@@ -271,6 +271,29 @@ func (c *Config) maxClientOutput() int {
 		return int(c.MaxClientOutput)
 	}
 	return defaultMaxClientOutput
+}
+
+// loopCount is --event-loops: -1 or 1 to 256. 0 once chose a goroutine
+// per connection instead of a loop; that path is gone, and 0 is refused
+// rather than read as something else.
+type loopCount int
+
+func (n *loopCount) String() string { return strconv.Itoa(int(*n)) }
+
+// Type names the flag's value type in --help.
+func (n *loopCount) Type() string { return "int" }
+
+// Set parses a loop count.
+func (n *loopCount) Set(s string) error {
+	v, err := strconv.Atoi(s)
+	switch {
+	case err != nil:
+		return errors.New("want a number of event loops: -1 (auto) or 1 to 256")
+	case v == 0:
+		return errors.New("0 (a goroutine per connection) is no longer offered: every client is served on an event loop; give -1 (auto: one loop) or 1 to 256")
+	}
+	*n = loopCount(v)
+	return nil
 }
 
 // ByteSize is a byte count flag that also takes k, m and g suffixes (powers

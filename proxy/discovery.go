@@ -40,9 +40,6 @@ func (p *Proxy) newUpstreams(names []string, old *upstream.Set) (*upstream.Set, 
 		MaxIdleConns:   p.cfg.MaxIdleConns,
 		FailureLimit:   p.cfg.FailureLimit,
 		RetryInterval:  p.cfg.RetryInterval,
-		GetConcurrency: p.cfg.GetConcurrency,
-		GetBatchKeys:   p.cfg.GetBatchKeys,
-		MetaGets:       p.cfg.LocalCacheSize > 0,
 		TLS:            p.cfg.UpstreamTLS.config,
 		Log:            p.log,
 		Totals: upstream.Totals{
@@ -182,39 +179,4 @@ func (p *Proxy) resolver() Resolver {
 		return p.cfg.Resolver
 	}
 	return net.DefaultResolver
-}
-
-// useUpstreams takes the current server sets for the command about to run,
-// and sizes the connection's per-server calls to them.
-func (c *conn) useUpstreams() {
-	up := c.p.upstreams()
-	if up != c.up {
-		c.up = up
-		c.calls = sizeCalls(c.calls, len(up.Servers))
-	}
-	if len(c.p.zones) == 1 {
-		return
-	}
-	if c.zs == nil {
-		c.zs = make([]zoneCalls, len(c.p.zones))
-		for i := range c.zs {
-			c.zs[i].cmd = upstream.NewCall()
-		}
-	}
-	c.zs[0].up, c.zs[0].calls, c.zs[0].cmd = c.up, c.calls, c.cmd
-	for i, z := range c.p.zones[1:] {
-		zc := &c.zs[i+1]
-		if up := z.up.Load(); up != zc.up {
-			zc.up = up
-			zc.calls = sizeCalls(zc.calls, len(up.Servers))
-		}
-	}
-}
-
-// sizeCalls returns calls with one call per server of n.
-func sizeCalls(calls []*upstream.Call, n int) []*upstream.Call {
-	for len(calls) < n {
-		calls = append(calls, upstream.NewCall())
-	}
-	return calls[:n]
 }

@@ -366,7 +366,7 @@ func TestGetsToAnEjectedServerAreNotCountedAsSent(t *testing.T) {
 # HELP mcsidecar_upstream_get_keys_total Keys in the get requests sent upstream.
 # TYPE mcsidecar_upstream_get_keys_total counter
 mcsidecar_upstream_get_keys_total 1
-# HELP mcsidecar_upstream_gets_total Get requests sent upstream; concurrent client gets are coalesced into one.
+# HELP mcsidecar_upstream_gets_total Get requests sent upstream; neighbouring client gets on one upstream connection are joined into one.
 # TYPE mcsidecar_upstream_gets_total counter
 mcsidecar_upstream_gets_total 1
 # HELP mcsidecar_upstream_errors_total Upstream requests that failed, by server and kind: connect, timeout, connection (broken), server_error, protocol, ejected (not sent: the server is ejected).

@@ -370,11 +370,10 @@ func TestEnvelopingReusesConnectionBuffers(t *testing.T) {
 	}
 	c := &conn{p: &Proxy{codec: cd, cfg: Config{Codec: codecConfig()}, stats: newStats()}}
 	key := []byte("P2:tenant:block:postings")
-	k := string(key)
 	value := []byte(strings.Repeat("series 12345 ", 80))
 	roundTrip := func() {
-		stored, flags := c.encode(key, false, 3, value)
-		got, f, ok := c.open(nil, key, k, false, flags, stored)
+		stored, flags := c.encodeFor(key, false, false, 3, value)
+		got, f, ok, _ := c.openValue(key, false, flags, stored)
 		if !ok || f != 3 || string(got) != string(value) {
 			t.Fatalf("round trip: ok %v, flags %d", ok, f)
 		}

@@ -464,17 +464,15 @@ func TestServerErrorFromUpstreamIsRelayed(t *testing.T) {
 }
 
 // TestQueuedGetsEndWithinTheirTimeout sends 15 gets at once through a
-// proxy allowed one get at a time, one key per batch, to a server that
-// never answers, with ejection off. Each get used to wait in line for all
-// the gets before it to time out, one by one: the last one answered after
-// 15 upstream timeouts. Time spent waiting in line counts against the
-// timeout, so every get ends within a few upstream timeouts, as a miss.
+// proxy that sends one key per upstream get, to a server that never
+// answers, with ejection off: no get may wait for the gets before it to
+// time out, one by one. Every get ends within a few upstream timeouts, as
+// a miss.
 func TestQueuedGetsEndWithinTheirTimeout(t *testing.T) {
 	up, _ := stuckUpstream(t)
 	cfg := testConfig(up)
 	cfg.Timeout = 200 * time.Millisecond
 	cfg.ConnectTimeout = 100 * time.Millisecond
-	cfg.GetConcurrency = 1
 	cfg.GetBatchKeys = 1
 	_, addr := startProxy(t, cfg)
 	const clients = 15

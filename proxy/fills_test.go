@@ -11,14 +11,11 @@ import (
 // Fills and flushes never undo a write: what a read fetched is stored
 // again by the sidecar (a zone fill, the local tier) only if no write of
 // its key through the sidecar ran meanwhile. Each test puts the race in a
-// set order with a relay that holds memcached's bytes back, on the
-// goroutine path and on an event loop.
+// set order with a relay that holds memcached's bytes back.
 
-// eachPath runs test on the goroutine path and on loops event loops.
+// eachPath runs test with a sidecar on loops event loops.
 func eachPath(t *testing.T, loops int, test func(t *testing.T, eventLoops int)) {
-	for _, n := range []int{0, loops} {
-		t.Run(fmt.Sprintf("EventLoops=%d", n), func(t *testing.T) { test(t, n) })
-	}
+	t.Run(fmt.Sprintf("EventLoops=%d", loops), func(t *testing.T) { test(t, loops) })
 }
 
 // zoneRaceSidecar starts the sidecar of zone a, over zone a's memcached
@@ -149,9 +146,6 @@ func TestZoneFillOvertakenByADeleteIsUndone(t *testing.T) {
 		{"mg", "mg %s v\r\n", "VA 3\r\nold\r\n", "ms %s "},
 	}
 	eachPath(t, 2, func(t *testing.T, eventLoops int) {
-		if loopSuite && eventLoops == 0 {
-			t.Skip("on one event loop the delete goes out behind the fill")
-		}
 		for _, rd := range reads {
 			t.Run(rd.name, func(t *testing.T) {
 				a, b := startMemcached(t), startMemcached(t)

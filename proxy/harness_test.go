@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -207,11 +206,6 @@ func freePort(tb testing.TB) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// loopSuite runs every test whose proxy can use an event loop on one
-// (MCSIDECAR_TEST_EVENT_LOOPS=1), so that the whole suite checks the
-// event-loop path as well.
-var loopSuite = os.Getenv("MCSIDECAR_TEST_EVENT_LOOPS") == "1"
-
 // testConfig is the default configuration pointed at upstreams.
 func testConfig(upstreams ...string) Config {
 	return Config{
@@ -221,7 +215,6 @@ func testConfig(upstreams ...string) Config {
 		Timeout:          time.Second,
 		ConnectTimeout:   time.Second,
 		MaxIdleConns:     100,
-		GetConcurrency:   2,
 		GetBatchKeys:     100,
 		RetrievalFailure: failureMiss,
 		MaxItemSize:      1 << 20,
@@ -249,9 +242,6 @@ func serveProxy(tb testing.TB, cfg Config) (*Proxy, string, <-chan error) {
 // serveProxyLog is serveProxy with the proxy logging to log.
 func serveProxyLog(tb testing.TB, cfg Config, log *slog.Logger) (*Proxy, string, <-chan error) {
 	tb.Helper()
-	if loopSuite && cfg.EventLoops == 0 {
-		cfg.EventLoops = 1
-	}
 	p, err := New(cfg, "mcsidecar-test", log)
 	if err != nil {
 		tb.Fatal(err)

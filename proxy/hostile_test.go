@@ -515,21 +515,16 @@ func raiseFileLimit(t *testing.T) uint64 {
 // buffers are full the proxy must stop answering, and after the idle
 // timeout the connection is closed and counted while the client is still
 // sending, so a client that takes no replies can neither hold a connection
-// forever nor make the proxy buffer replies it never reads. A 512 KiB
-// value is longer than the event loop copies, so the connection moves
-// from the loop to a goroutine of its own; a 16 KiB one stays on the loop,
-// which must hold its replies back.
+// forever nor make the proxy buffer replies it never reads: with values
+// of 512 KiB and of 16 KiB, whose replies the event loop must hold back.
 func TestIdleTimeoutClosesAClientThatReadsNoReplies(t *testing.T) {
-	paths := map[string]func(...string) Config{"goroutines": testConfig, "loop": loopConfig}
-	for name, config := range paths {
-		for _, size := range []int{512 << 10, 16 << 10} {
-			t.Run(fmt.Sprint(name, "/", size>>10, "KiB"), func(t *testing.T) { testDeafClient(t, config, size) })
-		}
+	for _, size := range []int{512 << 10, 16 << 10} {
+		t.Run(fmt.Sprint(size>>10, "KiB"), func(t *testing.T) { testDeafClient(t, size) })
 	}
 }
 
-func testDeafClient(t *testing.T, config func(...string) Config, size int) {
-	cfg := config(startMemcached(t))
+func testDeafClient(t *testing.T, size int) {
+	cfg := testConfig(startMemcached(t))
 	// Long enough that on a slow machine under the race detector the
 	// checks' own connections, each answered and closed at once, are not
 	// idle-closed as well before the proxy gets to read them.
@@ -579,44 +574,16 @@ func testDeafClient(t *testing.T, config func(...string) Config, size int) {
 	}
 }
 
-// TestIdleClockSparesARequestThatCameInTime starts each connection's
-// goroutine late, after its idle timeout, as a busy machine may: the
-// request its client sent at once must still be answered, and the
-// connection not counted as idle. It is the goroutine path's test: in the
-// event-loop suite version is answered on the loop, which testStall does
-// not delay (stats then moves the connection to a goroutine, which does).
-// TestIdleClockSparesATLSClientThatCameInTime is the TLS path's.
-func TestIdleClockSparesARequestThatCameInTime(t *testing.T) {
-	cfg := testConfig(startMemcached(t))
-	cfg.IdleTimeout = 100 * time.Millisecond
-	testStall = 300 * time.Millisecond
-	t.Cleanup(func() { testStall = 0 }) // after the proxy's own cleanup
-	_, addr := startProxy(t, cfg)
-	lc := newLineClient(t, addr)
-	defer lc.c.Close()
-	if got := lc.do("version\r\n"); !strings.HasPrefix(got, "VERSION ") {
-		t.Fatalf("version answered %q", got)
-	}
-	if got := lc.stat("idle_kicks"); got != 0 {
-		t.Errorf("idle_kicks = %d, want 0", got)
-	}
-}
-
-// TestIdleClockSparesATLSClientThatCameInTime is
-// TestIdleClockSparesARequestThatCameInTime over TLS on the goroutine
-// path (serveBlocking), whose reads check the deadline before they read:
-// the handshake and the request after it, which came in time, are
-// answered, and the connection is not counted as idle. A client that
+// TestIdleClockSparesATLSClientThatCameInTime checks the idle clock of a
+// TLS client: the handshake and the request after it, which came in time,
+// are answered, and the connection is not counted as idle. A client that
 // then sends half a request is still closed by the clock, and counted.
 func TestIdleClockSparesATLSClientThatCameInTime(t *testing.T) {
 	pki := newTestPKI(t, "clients")
 	cert, key := pki.issue(t, "proxy", x509.ExtKeyUsageServerAuth)
 	cfg := testConfig(startMemcached(t))
-	cfg.EventLoops = 0
 	cfg.TLS = ServerTLS{CertPath: cert, KeyPath: key}
 	cfg.IdleTimeout = 250 * time.Millisecond
-	testStall = 600 * time.Millisecond
-	t.Cleanup(func() { testStall = 0 }) // after the proxy's own cleanup
 	p, addr := startProxy(t, cfg)
 	c, err := tlsDial(t, addr, pki.caPath, "", "")
 	if err != nil {

@@ -1,10 +1,8 @@
 package proxy
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -15,12 +13,12 @@ import (
 
 // TestIsolationUnderUpstreamFaults runs many seeds of a few clients, each
 // with keys and values of its own, through the proxy in front of a fault
-// forwarder in front of a real memcached, on both data paths, and holds
-// every reply each client reads to what memcached could have answered
-// that client's own request (see isoClient): never a byte of another
-// client's reply, no value the client did not write, no counter operation
-// applied twice. Misses, SERVER_ERROR replies and connections the proxy
-// closes are allowed.
+// forwarder in front of a real memcached, and holds every reply each
+// client reads to what memcached could have answered that client's own
+// request (see isoClient): never a byte of another client's reply, no
+// value the client did not write, no counter operation applied twice.
+// Misses, SERVER_ERROR replies and connections the proxy closes are
+// allowed.
 //
 // Each seed draws its faults (faultConfig says where they land): one seed
 // in five only delays and splits replies, which must change nothing; the
@@ -30,20 +28,20 @@ import (
 // MCSIDECAR_ISOLATION_SEEDS sets the seeds per path (default 150),
 // MCSIDECAR_ISOLATION_FIRST_SEED the first, and
 // MCSIDECAR_ISOLATION_DURATION (e.g. 1h, with go test's -timeout above
-// it) runs seeds until that much time has passed instead, a quarter of it
-// per path: the goroutine path and the event loop, each also with every
-// value enveloped. A failing seed runs alone with
+// it) runs seeds until that much time has passed instead, half of it per
+// path: values as they come, and every value enveloped. A failing seed
+// runs alone with
 // -run 'TestIsolationUnderUpstreamFaults/eventloop/seed=17$'.
 func TestIsolationUnderUpstreamFaults(t *testing.T) {
 	seeds, first, duration := isolationBudget(t)
-	for _, path := range []struct {
+	paths := []struct {
 		name      string
-		loops     int
 		envelopes bool
-	}{{"goroutines", 0, false}, {"eventloop", 1, false}, {"goroutines-envelopes", 0, true}, {"eventloop-envelopes", 1, true}} {
+	}{{"eventloop", false}, {"eventloop-envelopes", true}}
+	for _, path := range paths {
 		t.Run(path.name, func(t *testing.T) {
 			mc := startMemcached(t, "-m", "256")
-			end := time.Now().Add(duration / 4)
+			end := time.Now().Add(duration / time.Duration(len(paths)))
 			var failed []uint64
 			var injected [numFaultKinds]int64
 			ran, i := 0, 0
@@ -51,7 +49,7 @@ func TestIsolationUnderUpstreamFaults(t *testing.T) {
 				seed := first + uint64(i)
 				t.Run("seed="+strconv.FormatUint(seed, 10), func(t *testing.T) {
 					ran++
-					f := runIsolationSeed(t, mc, seed, path.loops, path.envelopes)
+					f := runIsolationSeed(t, mc, seed, path.envelopes)
 					for k := range injected {
 						injected[k] += f.injected[k].Load()
 					}
@@ -123,11 +121,10 @@ func isolationFaults(rng *rand.Rand) faultConfig {
 	return cfg
 }
 
-// runIsolationSeed runs one seed: a proxy on the path loops names (0: a
-// goroutine per connection) in front of a fault forwarder in front of the
-// memcached at mc, and two to six checking clients. It returns the
-// forwarder, whose counts say what was injected.
-func runIsolationSeed(t *testing.T, mc string, seed uint64, loops int, envelopes bool) *faultForwarder {
+// runIsolationSeed runs one seed: a proxy in front of a fault forwarder
+// in front of the memcached at mc, and two to six checking clients. It
+// returns the forwarder, whose counts say what was injected.
+func runIsolationSeed(t *testing.T, mc string, seed uint64, envelopes bool) *faultForwarder {
 	rng := rand.New(rand.NewPCG(seed, 0))
 	faults := isolationFaults(rng)
 	fwd := startFaultForwarder(t, mc, seed, faults)
@@ -137,10 +134,9 @@ func runIsolationSeed(t *testing.T, mc string, seed uint64, loops int, envelopes
 		// read-modify-writes, and every value read is checked.
 		cfg = envelopeAllConfig(fwd.addr)
 	}
-	cfg.EventLoops = loops
 	// Short, so that a reply a fault cut short is given up soon.
 	cfg.Timeout = 100 * time.Millisecond
-	addr := startPathProxy(t, cfg)
+	_, addr := startProxy(t, cfg)
 
 	shape := isoShape{maxBatch: 12, maxKeys: 5, dataKeys: 6, bigValues: 0.05}
 	clients := make([]*isoClient, 2+rng.IntN(5))
@@ -173,37 +169,4 @@ func reportIsoClients(t *testing.T, clients []*isoClient) {
 			t.Error(p)
 		}
 	}
-}
-
-// startPathProxy serves cfg until the test ends, on the path its
-// EventLoops names whatever MCSIDECAR_TEST_EVENT_LOOPS says (the tests
-// that use it run both paths themselves), and returns its address.
-func startPathProxy(t testing.TB, cfg Config) string {
-	t.Helper()
-	p, err := New(cfg, "mcsidecar-test", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- p.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := p.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-		select {
-		case err := <-served:
-			if err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Errorf("Serve still running after Shutdown")
-		}
-	})
-	return ln.Addr().String()
 }

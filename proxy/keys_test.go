@@ -403,7 +403,7 @@ func TestMemcaslapThroughKeyspace(t *testing.T) {
 // key of its own): the item is checked against each client key, and one
 // key's refusal does not make the other miss.
 func TestSharedUpstreamKeyCheckedPerKey(t *testing.T) {
-	for _, loops := range []int{0, 1} {
+	for _, loops := range []int{1, 2} {
 		t.Run(fmt.Sprintf("event-loops=%d", loops), func(t *testing.T) {
 			up := startMemcached(t)
 			cfg := keyspaceConfig(up)

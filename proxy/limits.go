@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"errors"
 	"net"
-	"os"
 	"time"
 )
 
@@ -23,28 +21,4 @@ func (p *Proxy) refuse(nc net.Conn) {
 	nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 	nc.Write(replyTooManyConns)
 	nc.Close()
-}
-
-// startIdleClock gives the client --idle-timeout from now to complete its
-// next request. It runs when the connection opens and after each request,
-// so time spent on a request (waiting on an upstream, say) never counts as
-// idle, and a client that trickles in a line or a data block byte by byte
-// is still closed when the whole request does not arrive in time.
-func (c *conn) startIdleClock() {
-	if t := c.p.cfg.IdleTimeout; t > 0 {
-		c.idleBy = time.Now().Add(t)
-		c.nc.SetReadDeadline(c.idleBy)
-	}
-}
-
-// idleClosed reports whether err ended the connection because the idle
-// clock ran out, and counts it. A deadline set by a shutdown is not one,
-// and a write that timed out (the client took no replies) was counted
-// where it failed: the reader passes on the error of the flush it made.
-func (c *conn) idleClosed(err error) bool {
-	if c.p.cfg.IdleTimeout <= 0 || c.p.draining() || c.cc.failed.Load() || !errors.Is(err, os.ErrDeadlineExceeded) {
-		return false
-	}
-	c.cc.countIdle()
-	return true
 }

@@ -39,34 +39,6 @@ const (
 	tierDrop              // gat, gats: drop the entries of the keys
 )
 
-// useTier sets how the retrieval about to run uses the tier.
-func (c *conn) useTier(mode uint8) {
-	if c.p.tier == nil {
-		mode = tierOff
-	}
-	c.tierMode = mode
-	if mode != tierOff {
-		c.now = time.Now().UnixNano()
-	}
-}
-
-// fromTier returns the tier's entry for key, sent upstream as k, when the
-// retrieval reads the tier and the key's value never changes (immutable,
-// as resolve found). When the tier may keep the value, it also returns the
-// count of k's write stripe, for keep (see writeGuard); otherwise
-// noteNever.
-func (c *conn) fromTier(key []byte, k string, immutable bool) (*tier.Entry, uint64) {
-	switch c.tierMode {
-	case tierRead, tierFill:
-		if immutable {
-			return c.p.fromTier(key, k, c.tierMode == tierRead, c.now)
-		}
-	case tierDrop:
-		c.p.tier.Delete(k)
-	}
-	return nil, noteNever
-}
-
 // fromTier returns, when read, the tier's entry of the immutable client
 // key key, sent upstream as k, or nil; and the count of k's write stripe,
 // for keep.
@@ -78,19 +50,6 @@ func (p *Proxy) fromTier(key []byte, k string, read bool, now int64) (*tier.Entr
 		}
 	}
 	return nil, gen
-}
-
-// keep puts a hit that memcached answered into the tier: the client's
-// key, value and flags, and the item's time to live. gen is the count of
-// k's write stripe before the value was fetched: if a write was under way
-// then or ran since, or a flush_all did, the value may be the one it
-// replaced, and is not kept (see writeGuard).
-// immutable says the client key's scheme promises that its value never
-// changes; without that promise nothing is kept.
-func (c *conn) keep(key []byte, k string, gen uint64, immutable bool, value []byte, flags uint32, ttl int32) {
-	if c.tierMode == tierRead || c.tierMode == tierFill {
-		c.p.keep(key, k, gen, immutable, c.now, value, flags, ttl)
-	}
 }
 
 // keep is conn.keep for a retrieval that began at now (Unix ns), on

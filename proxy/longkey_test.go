@@ -41,8 +41,8 @@ func (w pieceWriter) Write(b []byte) (int, error) {
 
 // TestFederatedKeyWorksForEveryCommand sends a 20 KB federated results
 // key, with the default key settings, through every command that names
-// a key, on both paths, each request whole and in pieces: each answers
-// as memcached answers the same commands for a short key.
+// a key, each request whole and in pieces: each answers as memcached
+// answers the same commands for a short key.
 func TestFederatedKeyWorksForEveryCommand(t *testing.T) {
 	key := federatedKey()
 	if len(key) < 19_000 {
@@ -66,41 +66,34 @@ func TestFederatedKeyWorksForEveryCommand(t *testing.T) {
 		{"md K\r\n", "HD\r\n"},
 		{"mg K v\r\n", "EN\r\n"},
 	}
-	for _, path := range []struct {
-		name  string
-		loops int
-	}{{"goroutines", 0}, {"eventloop", 1}} {
-		for _, pieces := range []int{1, 7} {
-			t.Run(fmt.Sprintf("%s/%d pieces", path.name, pieces), func(t *testing.T) {
-				up := startMemcached(t)
-				cfg := keyspaceConfig(up)
-				cfg.EventLoops = path.loops
-				_, addr := startProxy(t, cfg)
-				lc := newLineClient(t, addr)
-				direct := newLineClient(t, up)
-				w := pieceWriter{c: lc.c, pieces: pieces}
-				for i, s := range steps {
-					req := strings.ReplaceAll(s.req, "K", key)
-					if _, err := io.WriteString(w, req); err != nil {
-						t.Fatal(err)
-					}
-					lc.c.SetDeadline(time.Now().Add(10 * time.Second))
-					got, err := readReply(lc.br)
-					if err != nil {
-						t.Fatalf("step %d %.30q: %v (read %.80q)", i, s.req, err, got)
-					}
-					want := strings.ReplaceAll(s.want, "K", key)
-					got = casValue.ReplaceAllString(got, "$1 CAS\r")
-					if got != want {
-						t.Fatalf("step %d %.30q: %.80q, want %.80q", i, s.req, got, want)
-					}
+	for _, pieces := range []int{1, 7} {
+		t.Run(fmt.Sprintf("%d pieces", pieces), func(t *testing.T) {
+			up := startMemcached(t)
+			_, addr := startProxy(t, keyspaceConfig(up))
+			lc := newLineClient(t, addr)
+			direct := newLineClient(t, up)
+			w := pieceWriter{c: lc.c, pieces: pieces}
+			for i, s := range steps {
+				req := strings.ReplaceAll(s.req, "K", key)
+				if _, err := io.WriteString(w, req); err != nil {
+					t.Fatal(err)
 				}
-				// What memcached holds is under a key it takes.
-				if got := direct.do("stats\r\n"); !strings.Contains(got, "STAT cmd_set ") {
-					t.Fatalf("memcached's stats: %.80q", got)
+				lc.c.SetDeadline(time.Now().Add(10 * time.Second))
+				got, err := readReply(lc.br)
+				if err != nil {
+					t.Fatalf("step %d %.30q: %v (read %.80q)", i, s.req, err, got)
 				}
-			})
-		}
+				want := strings.ReplaceAll(s.want, "K", key)
+				got = casValue.ReplaceAllString(got, "$1 CAS\r")
+				if got != want {
+					t.Fatalf("step %d %.30q: %.80q, want %.80q", i, s.req, got, want)
+				}
+			}
+			// What memcached holds is under a key it takes.
+			if got := direct.do("stats\r\n"); !strings.Contains(got, "STAT cmd_set ") {
+				t.Fatalf("memcached's stats: %.80q", got)
+			}
+		})
 	}
 }
 

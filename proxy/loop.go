@@ -25,14 +25,13 @@ import (
 //
 // The loop answers every command, each as explicit state that goes on when
 // memcached answers: the retrievals, the storage commands (values
-// enveloped and keys rewritten as on the goroutine path), delete, touch,
+// enveloped and keys rewritten), delete, touch,
 // incr and decr, the meta commands (loopmeta.go, loopmetaget.go), the
 // read-modify-writes of enveloped values (loopmodify.go), flush_all, and
 // what the sidecar answers itself (version, verbosity, mn, stats). With
-// zones, a retrieval falls through the zones as on the goroutine path,
-// the hits of other zones filling the local one, and writes keep the zones
-// in line as there. The local tier is read first, and filled, as there
-// too: local tier, local zone, other zones.
+// zones, a retrieval falls through the zones, the hits of other zones
+// filling the local one, and writes keep the zones in line. The local
+// tier is read first, and filled: local tier, local zone, other zones.
 
 // loopTick is how often each loop checks its upstream deadlines, idle
 // clients and a shutdown.
@@ -347,8 +346,7 @@ func (l *eventLoops) enroll(c *conn) error {
 // enrollTLS makes the TLS handshake of an accepted connection, whose
 // socket is raw, and then moves it onto a loop. The TLS server speaks
 // through a bridge, as a loop's TLS clients do upstream (see loopTLS).
-// The handshake is bounded by --idle-timeout, as the goroutine path's
-// first read is.
+// The handshake is bounded by --idle-timeout, as a request is.
 func (l *eventLoops) enrollTLS(c *conn, raw net.Conn, t *loopTLS) {
 	if d := l.p.cfg.IdleTimeout; d > 0 {
 		raw.SetDeadline(time.Now().Add(d))
@@ -529,7 +527,7 @@ func (ls *loopState) check() {
 			if from := u.q.front().waitFrom; !u.late.Equal(from) {
 				u.late, u.latePoll = from, ls.polls
 			} else if ls.polls > u.latePoll {
-				u.abort(os.ErrDeadlineExceeded) // what a deadline gives the goroutine path
+				u.abort(os.ErrDeadlineExceeded) // answered as a timeout
 			}
 		}
 	}
@@ -552,14 +550,14 @@ func (ls *loopState) check() {
 		case len(lc.slots) > 0:
 		case p.draining() && !lc.inBlock():
 			// Not while a value is arriving: that request is in flight
-			// (only the idle clock ends it, as on the goroutine path).
+			// (only the idle clock ends it).
 			// Nor before evloop wrote all: it would drop the rest.
 			if lc.gc.OutboundBuffered() == 0 {
 				lc.closeSelf()
 			}
 		case idle > 0 && now.Sub(lc.last) > idle:
 			// No request completed for that long (bytes that make none
-			// do not count), as on the goroutine path.
+			// do not count), as memcached's idle_timeout counts.
 			lc.closeIdle()
 		}
 	}

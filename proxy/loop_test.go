@@ -19,11 +19,8 @@ import (
 	"mcsidecar/keyspace"
 )
 
-// The differential cases and memccapable through the event loop: get,
-// gets, the storage commands, delete, touch, incr, decr, version,
-// verbosity, stats, quit and lines answered ERROR are answered on the
-// loop, everything else after the connection moved to the goroutine path,
-// often with replies still owed.
+// The differential cases and memccapable through the event loop, with one
+// and with three servers.
 func TestEventLoopDifferential(t *testing.T) {
 	runDifferential(t, slices.Concat(diffCases, regressionDiffCases), 1, loopConfig, nil)
 }
@@ -34,11 +31,10 @@ func TestEventLoopDifferentialThreeServers(t *testing.T) {
 
 func TestEventLoopMemccapable(t *testing.T) { runMemccapable(t, loopConfig) }
 
-// TestEventLoopKeepsGetsAndSets checks that gets, storage commands,
-// deletes, touches, incr, decr and the commands the sidecar answers by
-// itself stay on the loop, and that the first other command
-// moves the connection, once, with the replies it is owed written first
-// and in order.
+// TestEventLoopKeepsGetsAndSets checks gets, storage commands, deletes,
+// touches, incr, decr and the commands the sidecar answers by itself on
+// the loop, one at a time and pipelined, the replies owed written in
+// order.
 func TestEventLoopKeepsGetsAndSets(t *testing.T) {
 	ups := []string{startMemcached(t), startMemcached(t)}
 	p, addr := startProxy(t, loopConfig(ups...))
@@ -199,8 +195,8 @@ func TestEventLoopByDefault(t *testing.T) {
 
 // TestEventLoopKeepsEnvelopesAndRewrites checks that values the codec
 // envelopes and keys sent rewritten stay on the loop: sets are enveloped
-// there, bound to the client key, and gets opened and checked there, with
-// the same counters as on the goroutine path.
+// there, bound to the client key, and gets opened and checked there, and
+// each is counted.
 func TestEventLoopKeepsEnvelopesAndRewrites(t *testing.T) {
 	up := startMemcached(t)
 	cfg := keyspaceConfig(up)

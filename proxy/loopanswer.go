@@ -626,9 +626,8 @@ func (s *loopSlot) inArena(o *loopOwner, key []byte, flags uint32, v []byte, cas
 }
 
 // deleteCorrupt deletes a damaged item, at its upstream key, in the zone
-// it was found in. The retrieval's reply waits for the delete's, as on the
-// goroutine path, so that a client that saw the miss never finds the item
-// still there.
+// it was found in. The retrieval's reply waits for the delete's, so that
+// a client that saw the miss never finds the item still there.
 func (s *loopSlot) deleteCorrupt(zone int, key []byte) {
 	lc := s.client
 	u := lc.ls.upstreamOf(lc.c.p.zones[zone].up.Load(), key)

@@ -152,7 +152,7 @@ func handle(gc *evloop.Conn, t *loopTLS, n int) {
 
 // inBlock reports whether the first request buffered is a storage
 // command whose value is still arriving (see want and pend). A shutdown
-// lets it come, as on the goroutine path.
+// lets it come: the request is in flight.
 func (lc *loopClient) inBlock() bool { return lc.want > 0 || lc.pend != nil || lc.skip > 0 }
 
 // buffered is how many request bytes arrived and are not handled yet.
@@ -263,8 +263,8 @@ func (ls *loopState) finishEnded() {
 			return false
 		}
 		if t := lc.tls; t != nil && !t.ended {
-			// The session ends as the goroutine path ends it: with
-			// close_notify, written before the connection closes.
+			// The session ends with close_notify, written before the
+			// connection closes.
 			t.ended = true
 			t.conn.CloseWrite()
 			if lc.putSealed(); lc.gc == nil || lc.gc.OutboundBuffered() > 0 {
@@ -344,8 +344,8 @@ func (lc *loopClient) processHeld() {
 
 // heldBehind reports whether request id waits for a request of the
 // client's in flight that takes another round trip, where the new one,
-// sent at once, would come first (the goroutine path runs a client's
-// requests one after the other):
+// sent at once, would come first (a client's requests take effect in
+// the order it sent them):
 //   - every request waits for a serial one (a read-modify-write, a quiet
 //     ma with N, an mg with N across zones);
 //   - with zones, every request waits for a write tried zone by zone, or
@@ -430,8 +430,8 @@ func (lc *loopClient) request(data []byte) int {
 	i := bytes.IndexByte(data, '\n')
 	if i < 0 {
 		if unframed(data, c.p.keyLine) || len(data) >= int(c.p.cfg.MaxRequestLine) {
-			// As the goroutine path does: the replies owed are written,
-			// and the connection closed.
+			// As memcached does: the replies owed are written, and the
+			// connection closed.
 			c.p.log.Warn("client connection closed", "remote", remoteOf(lc.gc), "err", errLineTooLong)
 			lc.quit = true
 		}
@@ -491,18 +491,18 @@ func (lc *loopClient) request(data []byte) int {
 	case cmdMetaSet:
 		return lc.metaSet(words, data, i+1)
 	case cmdVersion, cmdVerbosity, cmdMetaNoop:
-		lc.local(cmd.id, func() { cmd.run(c, words) })
+		lc.local(cmd.id, func() { cmd.local(c, words) })
 		return i + 1
 	case cmdStats:
 		// Its counters include every request before it, as memcached's do.
 		if len(lc.slots) > 0 {
 			return 0 // parsed again once the replies owed are written
 		}
-		lc.local(cmd.id, func() { cmd.run(c, words) })
+		lc.local(cmd.id, func() { cmd.local(c, words) })
 		return i + 1
 	case cmdFlushAll:
-		// After the replies owed, as on the goroutine path: what the
-		// client asked before it is answered as before it.
+		// After the replies owed: what the client asked before it is
+		// answered as before it.
 		if len(lc.slots) > 0 {
 			return 0
 		}

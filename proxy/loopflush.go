@@ -9,15 +9,18 @@ import (
 )
 
 // flushAll sends flush_all, with the client's delay, to every server of
-// the zones it reaches (see flushZones), as the goroutine path does, and
-// answers once every server has. Reads that overlap it keep and fill
-// nothing (see writeGuard). A delay it does not take is refused by the
-// goroutine path's handler, in the reply's place.
+// the zones it reaches (see flushZones), and answers once every server
+// has. Reads that overlap it keep and fill
+// nothing (see writeGuard). A delay it does not take is refused in the
+// reply's place.
 func (lc *loopClient) flushAll(w [][]byte) {
 	c, p := lc.c, lc.c.p
 	delay, withDelay, noreply, ok := parseFlushAll(w)
 	if !ok {
-		lc.local(cmdFlushAll, func() { commands[cmdFlushAll].run(c, w) })
+		lc.local(cmdFlushAll, func() {
+			c.noreply = noreply
+			c.clientError(cmdFlushAll, replyBadExptime)
+		})
 		return
 	}
 	req := append(lc.c.scratch[:0], "flush_all"...)

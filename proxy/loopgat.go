@@ -9,8 +9,7 @@ import (
 // getAndTouch sends a gat or gats (words: the verb, the new exptime, the
 // keys) to the servers of its keys, one request per server, as retrieve
 // sends a get; each request carries the exptime, so none joins a line.
-// As on the goroutine path, the keys' entries in the local tier are
-// dropped (their time to live changes), and memcached's rules hold: a key
+// The keys' entries in the local tier are dropped (their time to live changes), and memcached's rules hold: a key
 // the proxy refuses ends the request with CLIENT_ERROR once the keys
 // before it are touched; with an exptime that expires the item at once, a
 // key named again is a miss. With zones, the other zones are asked with
@@ -29,9 +28,20 @@ func (lc *loopClient) getAndTouch(id int, words [][]byte) {
 		}
 	}
 	if !ok || bad == 0 {
-		// Refused before memcached is asked anything, by the goroutine
-		// path's handler, in its place.
-		lc.local(id, func() { commands[id].run(c, words) })
+		// Refused, or with no key at all, answered before memcached is
+		// asked anything, in its place.
+		lc.local(id, func() {
+			switch {
+			case !ok:
+				c.clientError(id, replyBadExptime)
+			case len(keys) == 0:
+				p.stats.record(id, outcomeOK) // memcached answers no keys with END
+				c.wr.Write(replyEnd)
+			default:
+				c.validKey(keys[0]) // counted as refused
+				c.clientError(id, replyBadFormat)
+			}
+		})
 		return
 	}
 	if bad < len(keys) {
@@ -72,8 +82,7 @@ func (lc *loopClient) getAndTouch(id int, words [][]byte) {
 }
 
 // touchOtherZones touches, with a gat's exptime, each key it found in the
-// zones that did not answer it, as the goroutine path does: a new time to
-// live is a write, as a touch's is, and a copy that outlived it in another
+// zones that did not answer it: a new time to live is a write, as a touch's is, and a copy that outlived it in another
 // zone would answer a later read. The reply waits for the touches.
 func (s *loopSlot) touchOtherZones() {
 	p := s.client.c.p

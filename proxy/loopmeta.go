@@ -8,14 +8,13 @@ import (
 	"mcsidecar/proxy/upstream"
 )
 
-// The meta writes, ms and md, on the loop. Each goes upstream as the
-// goroutine path sends it (appendMetaStore, and md with its C, I and T),
-// under the zone rules of the classic write it acts as (metaKind): a
+// The meta writes, ms and md, on the loop. Each goes upstream as
+// appendMetaStore makes it (md with its C, I and T), under the zone rules of the classic write it acts as (metaKind): a
 // plain ms or md to every zone, ms in mode E as an add, one gated by a
 // CAS value or a mode that needs the item zone after zone, the other
 // zones brought in line after it took. Its answer is written from
-// memcached's reply line by the goroutine path's own reply makers
-// (metaSetAnswer, metaAnswer), with the client's flags in its order.
+// memcached's reply line by metaSetAnswer and metaAnswer, with the
+// client's flags in its order.
 //
 // An ms that appends or prepends to an enveloped value, and ma on one,
 // are read-modify-writes (see loopmodify.go).
@@ -369,8 +368,8 @@ func (lc *loopClient) dropBlock(total int, data []byte) int {
 	return took
 }
 
-// metaTooLarge refuses an ms whose value is over the size limits, as the
-// goroutine path does: SERVER_ERROR in its place, and the item it would
+// metaTooLarge refuses an ms whose value is over the size limits:
+// SERVER_ERROR in its place, and the item it would
 // have replaced deleted in every zone, whatever the mode, without a
 // reply of its own.
 func (lc *loopClient) metaTooLarge(m *metaReq, up []byte) {
@@ -381,8 +380,7 @@ func (lc *loopClient) metaTooLarge(m *metaReq, up []byte) {
 	})
 }
 
-// metaAnswer answers an ms or md from memcached's reply line, or err, as
-// the goroutine path answers it.
+// metaAnswer answers an ms or md from memcached's reply line, or err.
 func (s *loopSlot) metaAnswer(reply []byte, err error) {
 	c, lm := s.client.c, s.meta
 	if c.mst == nil {

@@ -8,10 +8,10 @@ import (
 )
 
 // mg on the loop. It asks the key's server in the local zone and, while
-// the answer is a miss or a failure, the other zones in order, as the
-// goroutine path does (metaRead); with N and zones, the zones are asked
+// the answer is a miss or a failure, the other zones in order; with N and
+// zones, the zones are asked
 // without it first, and only when none has the key is the local zone asked
-// again with it. The answer is made by metaGetAnswer, as on that path.
+// again with it. The answer is made by metaGetAnswer.
 // Then, with requests whose replies are dropped: a damaged envelope is
 // deleted, a hit of another zone fills the local one, and a touch (T)
 // reaches the other zones.
@@ -171,9 +171,9 @@ func (s *loopSlot) metaGetDone(reply []byte, err error, srv *upstream.Server, fr
 	s.release()
 }
 
-// metaFill stores a hit of another zone into the local one, as the
-// goroutine path's metaFill does, with a request whose reply is dropped
-// (see fill).
+// metaFill stores a hit of another zone into the local one, with its
+// remaining time to live, with a request whose reply is dropped (see
+// fill).
 func (s *loopSlot) metaFill(hit *metaReply, stored []byte, storedFlags uint32) {
 	p := s.client.c.p
 	lm := s.meta

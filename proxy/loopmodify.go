@@ -11,10 +11,9 @@ import (
 // A read-modify-write of an enveloped item on the loop: append, prepend,
 // incr and decr, ms in mode A or P, and ma, on a key whose values are
 // enveloped. memcached cannot change an envelope in place, so the item is
-// read (mg), opened, changed by the command's op (the goroutine path's own,
-// see rmw), and written back only if it is unchanged (ms with C), as
-// readModifyWrite does, each step a request that continues when memcached
-// answers. A write that lost a race reads again, up to rmwAttempts times:
+// read (mg), opened, changed by the command's op (see rmw), and written
+// back only if it is unchanged (ms with C), each step a request that
+// continues when memcached answers. A write that lost a race reads again, up to rmwAttempts times:
 // the round trip of the next read spaces the tries, where the goroutine
 // path sleeps a random while. With zones, the zones whose server for the
 // key is not ejected are tried in order until one holds the item, as
@@ -286,8 +285,8 @@ func (s *loopSlot) modifyAgain() {
 }
 
 // modifyFail answers a request of the read-modify-write that failed, or
-// whose reply was not what it asked for, as the goroutine path answers an
-// upstream error.
+// whose reply was not what it asked for, as an upstream error is
+// answered (upstreamReply).
 func (s *loopSlot) modifyFail(srv *upstream.Server, err error) {
 	c := s.client.c
 	s.modifyAnswer(func() error { return c.upstreamError(s.id, srv, err) })

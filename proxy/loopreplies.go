@@ -64,8 +64,8 @@ func (u *loopUpstream) replies() {
 			u.batchErr = err
 		}
 		if ends {
-			// A batch counts once in the server's requests, as on the
-			// goroutine path, with the first error a reply in it was.
+			// A batch counts once in the server's requests, with the
+			// first error a reply in it was.
 			u.srv.Record(r.began, u.batchErr)
 			u.batchErr = nil
 			u.batches--

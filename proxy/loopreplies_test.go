@@ -321,9 +321,9 @@ func TestEventLoopLongValuesFromATricklingServer(t *testing.T) {
 
 // TestEventLoopValueLongerThanMemcachedHolds has a server announce a value
 // longer than memcached can hold and send nothing more: the loop takes
-// the reply as out of step at once, as the goroutine path does, and does
-// not wait for the bytes (the upstream timeout here is far longer than
-// the client waits) nor make room for them.
+// the reply as out of step at once, and does not wait for the bytes (the
+// upstream timeout here is far longer than the client waits) nor make
+// room for them.
 func TestEventLoopValueLongerThanMemcachedHolds(t *testing.T) {
 	for _, announced := range []int{upstream.MaxValueLen + 1, 1<<31 - 1} {
 		t.Run(strconv.Itoa(announced), func(t *testing.T) {
@@ -439,8 +439,7 @@ func TestEventLoopLongValuesReuseChunks(t *testing.T) {
 	cfg.MaxItemSize = 8 << 20
 	p, addr := startProxy(t, cfg)
 	values := map[string]int{"long": 700_000, "short": 40_000, "longer": 2_500_000, "longest": 5_000_000}
-	// Set by a client of their own: a set this long moves its client to
-	// the goroutine path (see loopUnreadMax).
+	// Set by a client of their own.
 	setter := newLineClient(t, addr)
 	for k, size := range values {
 		if got := setter.do(fmt.Sprintf("set %s 0 0 %d\r\n%s\r\n", k, size, strings.Repeat(k[:1], size))); got != "STORED\r\n" {
@@ -452,9 +451,7 @@ func TestEventLoopLongValuesReuseChunks(t *testing.T) {
 	for k, size := range values {
 		wants[k] = fmt.Sprintf("VALUE %s 0 %d\r\n%s\r\nEND\r\n", k, size, strings.Repeat(k[:1], size))
 	}
-	// Each get on a client of its own: a reply longer than the socket
-	// takes at once moves its client to the goroutine path (see
-	// loopCopyMax), but the loop still reads it from memcached.
+	// Each get on a client of its own.
 	get := func(k string) {
 		c := newLineClient(t, addr)
 		defer c.c.Close()

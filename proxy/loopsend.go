@@ -14,7 +14,7 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) {
 	c := lc.c
 	for _, k := range keys {
 		if ok, _ := c.checkKey(k); !ok {
-			// Refused whole, as the goroutine path refuses it.
+			// Refused whole, as memcached refuses it.
 			lc.local(id, func() { c.checkKeys(id, keys) })
 			return
 		}
@@ -162,8 +162,7 @@ func (s *loopSlot) ask(u *loopUpstream, r *loopReq) {
 	}
 	u.q.push(r)
 	if s.zone == 0 && !r.retried {
-		// Counted as the goroutine path counts: its reads of other
-		// zones are not.
+		// Counted once: its reads of other zones are not.
 		u.srv.CountGet(len(r.asked), joined)
 	}
 }
@@ -179,8 +178,8 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) in
 	c := lc.c
 	a := parseStoreArgs(words, id == cmdCas)
 	if !a.argsOK || !lc.validKey(a.key) {
-		// Refused as the goroutine path refuses it: its block, when the
-		// line names a usable length, is dropped as it comes.
+		// Refused: its block, when the line names a usable length, is
+		// dropped as it comes.
 		if a.argsOK && c.p.keys != nil {
 			c.validKey(a.key) // counted as refused
 		}
@@ -267,8 +266,8 @@ func (lc *loopClient) awaitBlock(total int, data []byte) (took int, whole bool) 
 	return 0, false
 }
 
-// refuse answers a storage command refused with reply, in its place, as
-// the goroutine path does (noreply drops the reply).
+// refuse answers a storage command refused with reply, in its place
+// (noreply drops the reply).
 func (lc *loopClient) refuse(id int, noreply bool, reply []byte) {
 	c := lc.c
 	lc.local(id, func() {
@@ -291,8 +290,8 @@ func (lc *loopClient) countStore(rk resolvedKey) *tenantCounters {
 	return tenant
 }
 
-// tooLarge refuses a storage command whose value is over the size limits,
-// as the goroutine path does: SERVER_ERROR in its place among the replies,
+// tooLarge refuses a storage command whose value is over the size limits:
+// SERVER_ERROR in its place among the replies,
 // and after a set, the old value deleted upstream, as memcached drops it
 // rather than keep serving it after a set it could not store. The
 // refusal's reply does not wait for the delete's: a later request of the
@@ -317,16 +316,15 @@ func (lc *loopClient) tooLarge(id int, a storeArgs, rk resolvedKey) {
 var keyVerbs = [numCommands]string{cmdDelete: "delete ", cmdTouch: "touch "}
 
 // keyCommand sends a delete, touch, incr or decr; one refused, or of a
-// key no server can hold, is answered by the goroutine path's handler,
-// which asks memcached nothing then, in its place.
+// key no server can hold, is answered in its place (see
+// refuseKeyCommand).
 func (lc *loopClient) keyCommand(id int, w [][]byte) {
 	key := w[1]
 	noreply := bytes.Equal(w[len(w)-1], noreplyWord)
 	var arg []byte
 	var delta uint64
-	// A request the goroutine path's handler refuses before it asks
-	// memcached anything (a key or an argument it does not take) is
-	// answered by that handler, in its place.
+	// A request refused before memcached is asked anything (a key or
+	// an argument the proxy does not take) is answered in its place.
 	local := !lc.validKey(key)
 	switch id {
 	case cmdDelete:
@@ -351,7 +349,7 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) {
 		}
 	}
 	if local {
-		lc.local(id, func() { commands[id].run(lc.c, w) })
+		lc.local(id, func() { lc.c.refuseKeyCommand(id, w) })
 		return
 	}
 	up := lc.c.resolve(key, 0).up

@@ -278,8 +278,8 @@ func (u *loopUpstream) fail(err error) {
 	u.dropChunk()
 	// The first request, and those sharing its get line, are the reply
 	// that failed; a retrieval behind them had no byte of its reply read,
-	// and is asked once more, on a new connection, as the goroutine path
-	// sends a batch again whose replies had not begun.
+	// and is asked once more, on a new connection: reading an item twice
+	// changes nothing a client can tell.
 	first := 1 + q[0].joined
 	for i, r := range q {
 		switch {
@@ -342,7 +342,7 @@ func (u *loopUpstream) admit(r *loopReq) bool {
 }
 
 // countDropped counts the reply (or err) of a request whose reply is
-// dropped, as the goroutine path counts its kind.
+// dropped, by its kind.
 func (p *Proxy) countDropped(r *loopReq, reply []byte, err error) {
 	switch r.drop {
 	case dropCorrupt:

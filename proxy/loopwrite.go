@@ -192,7 +192,7 @@ func cutBufs(bufs [][]byte, n int) (head, rest [][]byte) {
 // detach copies the upstream replies of slot s out of the chunks they
 // were read into, points the pieces of out (s's reply, or what is left of
 // it) into the copies, and lets go of the chunks: a client that the loop
-// holds back (see full), or whose connection moves to a goroutine, keeps
+// holds back (see full) keeps
 // its replies' bytes, not the chunks they share with everyone else's.
 // Each upstream reply is copied once, so a value that the reply names
 // many times (a key repeated in one get) is still held once; and a reply

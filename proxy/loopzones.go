@@ -49,8 +49,7 @@ func (s *loopSlot) sendKept(z int, expect wire.Reply) {
 }
 
 // decide takes zone s.zone's reply (or err) to a write tried zone after
-// zone, as the goroutine path decides it (sendDeciding; sendAdd with
-// --zone-writes=local for add). It returns false when it sent the write
+// zone (add with --zone-writes=local too). It returns false when it sent the write
 // to the next zone; otherwise the reply that answers the client: the
 // first zone's that took the write (for add, that answered); when none
 // did, the first zone's that answered, EXISTS if one said so; when none
@@ -166,8 +165,7 @@ func (s *loopSlot) alignAll(req []byte) {
 
 // alignZone sends req to the key's server in zone z, and drops its reply,
 // counting a failure against the zone when count says so. The slot's
-// reply waits for it, as on the goroutine path: a client told a write
-// took finds no older copy in any zone.
+// reply waits for it: a client told a write took finds no older copy in any zone.
 func (s *loopSlot) alignZone(z int, req []byte, count bool) {
 	u := s.client.ls.upstreamOf(s.client.c.p.zones[z].up.Load(), s.ups)
 	kind := uint8(dropUndo)

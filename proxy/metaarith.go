@@ -3,60 +3,12 @@ package proxy
 // The meta arithmetic command, ma, on plain and enveloped counters.
 
 import (
-	"bytes"
 	"strconv"
 	"time"
 
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/upstream"
 )
-
-// metaArithmetic answers ma. Like incr and decr it goes zone after zone
-// until one has the item, and the others drop their copy when it changed.
-func (c *conn) metaArithmetic(w [][]byte) error {
-	m, k, bound, holdable, ok := c.metaOpen(cmdMetaArithmetic, w)
-	if !ok {
-		return nil
-	}
-	if !holdable {
-		return c.metaAnswer(cmdMetaArithmetic, m, metaCodeNotFound, nil, nil)
-	}
-	if bound || c.envelopes(m.key, 0) {
-		if !forwardable([]byte(k)) {
-			return c.metaAnswer(cmdMetaArithmetic, m, metaCodeNotFound, nil, nil)
-		}
-		c.keyBuf = append(c.keyBuf[:0], m.key...)
-		return c.modifyInZones(k, func(srv *upstream.Server) error {
-			return c.metaArithmeticEnveloped(m, srv, k, bound)
-		})
-	}
-	// memcached answers an ma that created its item even when asked
-	// quietly. To know whether it will, a quiet ma with N asks without N
-	// first and, only when the item is missing, again with it.
-	quietVivify := m.quiet && m.hasVivify
-	line, z, srv, err := c.sendDeciding(k, c.metaArithmeticReq(m, k, !quietVivify), nil)
-	if quietVivify && err == nil && bytes.HasPrefix(line, metaCodeNotFound) {
-		line, z, srv, err = c.sendDeciding(k, c.metaArithmeticReq(m, k, true), nil)
-		m.quiet = false // it creates the item, or another client just did
-	}
-	if err != nil {
-		return c.upstreamError(cmdMetaArithmetic, srv, err)
-	}
-	r, ok := c.metaParse(line)
-	if !ok {
-		c.answer(cmdMetaArithmetic, line)
-		return nil
-	}
-	var value []byte
-	if r.code == [2]byte{'V', 'A'} {
-		value = c.cmdCall(z).Arena
-	}
-	if r.code == [2]byte{'V', 'A'} || r.code == [2]byte{'H', 'D'} {
-		c.metaAlignDelete(z, k, m.wireBin)
-		return c.metaAnswer(cmdMetaArithmetic, m, metaCodeStored, r, value)
-	}
-	return c.metaAnswer(cmdMetaArithmetic, m, r.code[:], r, nil)
-}
 
 // metaArithmeticReq makes, in c.req, the ma request that goes upstream for
 // m: the client's flags but q, which would leave a shared connection short
@@ -88,14 +40,6 @@ func (c *conn) metaArithmeticReq(m *metaReq, k string, vivify bool) []byte {
 	}
 	c.req = append(dst, crlf...)
 	return c.req
-}
-
-// metaArithmeticEnveloped answers ma on a key whose values are enveloped,
-// with memcached's arithmetic (see count): a missing item is
-// NF, or with N created from J (default 0) by an add; a CAS the item no
-// longer has is EX. The client key is in c.keyBuf.
-func (c *conn) metaArithmeticEnveloped(m *metaReq, srv *upstream.Server, k string, bound bool) error {
-	return c.readModifyWrite(cmdMetaArithmetic, srv, k, c.keyBuf, bound, m.rk.postings, c.metaArithOp(m))
 }
 
 // metaArithOp is the read-modify-write of ma m. A missing item is NF, or

@@ -26,67 +26,6 @@ func (c *conn) writeMetaMiss(m *metaReq) {
 	c.wr.Write(c.mst.out)
 }
 
-// metaRead sends c.req, a meta read of key k, to k's server in the local
-// zone and, while the answer is a miss or a failure, in the other zones in
-// order. It returns the answer that ends the search (a hit, or the local
-// zone's answer when no zone had the key), its call (a hit's value is in
-// its arena), server and zone.
-func (c *conn) metaRead(k string) (line []byte, call *upstream.Call, srv *upstream.Server, from int, err error) {
-	if c.zs == nil {
-		srv = c.up.Servers[c.serverFor(k)]
-		line, err = c.send(srv, c.req, nil)
-		return line, c.cmd, srv, 0, err
-	}
-	rehash := c.p.cfg.EjectRehash
-	for z := range c.zs {
-		zc := &c.zs[z]
-		s := zc.up.Servers[zc.up.Pick(k, rehash)]
-		l, e := sendOn(zc.cmd, s, c.req, nil)
-		if z == 0 || err != nil && e == nil {
-			line, call, srv, from, err = l, zc.cmd, s, z, e
-		}
-		if e == nil && !bytes.HasPrefix(l, metaCodeMiss) {
-			return l, zc.cmd, s, z, nil
-		}
-	}
-	return line, call, srv, from, err
-}
-
-// metaFill stores a hit that another zone answered into the local zone,
-// as fillLocal does for get: with an add, so a value the local zone got
-// meanwhile stays, with the bytes and flags memcached holds (envelope
-// included) and the item's remaining time to live, or a touch's new one.
-// The client's reply is written first. A fill that a write through the
-// sidecar raced, since the read noted k's write count as noted, is not
-// sent, or deleted again (see writeGuard).
-func (c *conn) metaFill(k string, m *metaReq, r *metaReply, stored []byte, storedFlags uint32, noted uint64) {
-	exptime, ok := metaFillExptime(m, r)
-	if !ok {
-		return
-	}
-	if c.p.wroteSince(k, noted) {
-		c.p.fills[fillDropped].Add(1)
-		return
-	}
-	c.flush()
-	c.alignReq = appendMetaFill(c.alignReq[:0], k, m.wireBin, len(stored), storedFlags, exptime)
-	zc := &c.zs[0]
-	line, err := sendOn(zc.cmd, zc.up.Servers[zc.up.Pick(k, c.p.cfg.EjectRehash)], c.alignReq, stored)
-	result := fillNotStored
-	switch {
-	case err != nil:
-		result = fillFailed
-	case bytes.HasPrefix(line, metaCodeStored):
-		result = fillStored
-	}
-	if mayHaveStored(result) && c.p.wroteSince(k, noted) {
-		c.alignReq = append(appendMetaHead(c.alignReq[:0], "md ", k, m.wireBin), crlf...)
-		c.unfill(k, c.alignReq)
-		result = fillDropped
-	}
-	c.p.fills[result].Add(1)
-}
-
 // metaFillExptime is the exptime a fill of mg m's hit r stores with: the
 // touch's new one, or the item's remaining time to live. ok is false for
 // an item gone in under a second, which is not worth it.
@@ -123,73 +62,6 @@ func appendMetaFill(dst []byte, k string, bin bool, size int, flags uint32, expt
 	dst = appendMetaFlag(dst, 'F', int64(flags))
 	dst = appendMetaFlag(dst, 'T', exptime)
 	return append(dst, " ME\r\n"...)
-}
-
-// metaGet answers mg. It asks upstream for the value and flags whenever
-// the codec is on, since an envelope must be opened (and verified) to
-// answer anything about the item, and for the key when the client wants
-// it back, to learn whether memcached holds it as binary.
-func (c *conn) metaGet(w [][]byte) error {
-	m, k, bound, holdable, ok := c.metaOpen(cmdMetaGet, w)
-	if !ok {
-		return nil
-	}
-	if !holdable {
-		c.metaMiss(m)
-		return nil
-	}
-	codec := c.p.codec != nil
-	// A hit from another zone is filled into the local one: that needs
-	// its bytes, flags and time to live.
-	filling := c.zs != nil && c.p.cfg.ZoneFill
-	var noted uint64 // k's write count, for the fill (see writeGuard)
-	if filling {
-		noted = c.p.writeCount(k)
-	}
-	if m.hasTTL {
-		c.writing(k) // a touch: the local tier's entry would outlive it
-		defer c.wrote(k)
-		noted = ownWrite(noted) // which is no reason to drop the fill
-	}
-	// With zones, N creates the item only once no zone has it: the
-	// zones are asked without it first, as a write is never decided by
-	// a copy missing in one zone.
-	vivifyLast := c.zs != nil && m.hasVivify
-	c.req = c.appendMetaGet(c.req[:0], k, m, codec, filling, !vivifyLast)
-	line, call, srv, from, err := c.metaFetch(k, m)
-	if vivifyLast && err == nil && bytes.HasPrefix(line, metaCodeMiss) {
-		c.req = c.appendMetaGet(c.req[:0], k, m, codec, filling, true)
-		zc := &c.zs[0]
-		srv = zc.up.Servers[zc.up.Pick(k, c.p.cfg.EjectRehash)]
-		line, err = sendOn(zc.cmd, srv, c.req, nil)
-		call, from = zc.cmd, 0
-	}
-	var value []byte
-	if err == nil {
-		value = call.Arena
-	}
-	r, storedFlags, damaged := c.metaGetAnswer(m, bound, line, value, srv, err)
-	if damaged {
-		c.req = appendKeyCommand(c.req[:0], "delete ", k, nil)
-		if line, err := c.send(srv, c.req, nil); err == nil && bytes.Equal(line, replyDeleted) {
-			c.p.stats.codecDeleted.Add(1)
-		}
-	}
-	if r == nil {
-		return nil
-	}
-	if from > 0 && filling {
-		c.metaFill(k, m, r, value, storedFlags, noted)
-	}
-	if m.hasTTL && c.zs != nil && c.p.cfg.ZoneWrites != zoneWritesLocal {
-		// The other zones get the new time to live, as for gat (see
-		// touchZonesBut), by an mg with T: the key in its wire form
-		// (base64 with b), which a touch line cannot carry.
-		c.flush() // the client's reply first
-		c.alignReq = appendMetaFlag(appendMetaHead(c.alignReq[:0], "mg ", k, m.wireBin), 'T', int64(m.ttl))
-		c.alignZones(from, k, append(c.alignReq, crlf...), nil)
-	}
-	return nil
 }
 
 // metaGetAnswer answers mg m, whose key's value is bound to it when
@@ -341,27 +213,6 @@ func (c *conn) metaCountKey(m *metaReq, hit bool) {
 	tally := keyTally{touch: m.hasTTL}
 	tally.add(c.p.tenants.counters(m.rk.tenant), hit)
 	tally.flush(c.p.stats)
-}
-
-// metaDebug answers me. It is forwarded: memcached describes the item it
-// holds under the upstream key (its size is what is stored, envelope
-// included), and the client's key is put back in the reply, in base64
-// when memcached holds the key as binary. A key no server can hold is a
-// miss, EN, as memcached answers for a missing key.
-func (c *conn) metaDebug(w [][]byte) error {
-	m, k, _, holdable, ok := c.metaOpen(cmdMetaDebug, w)
-	if !ok {
-		return nil
-	}
-	if !holdable {
-		c.p.stats.record(cmdMetaDebug, outcomeMiss)
-		c.wr.Write(metaMiss)
-		return nil
-	}
-	c.req = append(appendMetaHead(c.req[:0], "me ", k, m.wireBin), crlf...)
-	line, _, srv, _, err := c.metaRead(k)
-	c.metaDebugAnswer(m, k, line, srv, err)
-	return nil
 }
 
 // metaDebugAnswer answers me m of upstream key k from memcached's reply

@@ -3,8 +3,6 @@ package proxy
 import (
 	"bytes"
 	"strconv"
-
-	"mcsidecar/proxy/upstream"
 )
 
 // The meta commands go upstream as meta commands under the upstream key,
@@ -88,44 +86,6 @@ func (r *metaReply) flag(b byte) ([]byte, bool) {
 	return r.tok[b-'A'], true
 }
 
-// readMeta copies the words of a meta command line into the connection's
-// own buffer, so that they outlive the read buffer (a data block read may
-// move it), and parses them into c.mst.req.
-func (c *conn) readMeta(w [][]byte) *metaReq {
-	if c.mst == nil {
-		c.mst = new(metaState)
-	}
-	n := 0
-	for _, x := range w {
-		n += len(x)
-	}
-	if cap(c.mst.line) < n {
-		c.mst.line = make([]byte, 0, n)
-	}
-	buf := c.mst.line[:0]
-	words := c.mst.words[:0]
-	for _, x := range w {
-		start := len(buf)
-		buf = append(buf, x...)
-		words = append(words, buf[start:len(buf):len(buf)])
-	}
-	c.mst.line, c.mst.words = buf, words
-	parseMeta(&c.mst.req, words, c.p.keys == nil)
-	return &c.mst.req
-}
-
-// metaOpen reads a meta request line and applies the key rules to its
-// key (see metaKey). A refused request is answered, and ok is false.
-func (c *conn) metaOpen(id int, w [][]byte) (m *metaReq, k string, bound, holdable, ok bool) {
-	m = c.readMeta(w)
-	if m.err != nil {
-		c.clientError(id, m.err)
-		return m, "", false, false, false
-	}
-	k, bound, holdable, ok = c.metaKey(id, m)
-	return m, k, bound, holdable, ok
-}
-
 // metaOutcome is the outcome a meta reply code counts as: NF, EX and NS
 // name theirs, any other is the command's success, ok.
 func metaOutcome(code []byte, ok outcome) outcome {
@@ -138,28 +98,6 @@ func metaOutcome(code []byte, ok outcome) outcome {
 		return outcomeNotStored
 	}
 	return ok
-}
-
-// metaKey applies the proxy's key rules to a meta request's key (decoded
-// when it came in base64), resolves it into m.rk, with what mg and ma
-// read of it, and returns the upstream key. A refused key is answered.
-// holdable is false for a key no server can hold as it is (only without
-// key settings: control bytes), unless it goes upstream in base64.
-func (c *conn) metaKey(id int, m *metaReq) (k string, bound, holdable, ok bool) {
-	if !c.validMetaKey(m) {
-		c.clientError(id, replyBadFormat)
-		return "", false, false, false
-	}
-	var need uint8
-	switch id {
-	case cmdMetaGet:
-		need = needTenant // counted, hit or miss
-	case cmdMetaArithmetic:
-		need = postingsIf(c.envelopes(m.key, 0))
-	}
-	m.rk = c.resolve(m.key, need)
-	m.setWire(m.rk.up)
-	return string(m.rk.up), m.rk.bound, m.rk.ok || m.bin, true
 }
 
 // appendMetaHead appends "<verb> <key>", the key in base64 with the b flag
@@ -207,20 +145,9 @@ func appendMetaNoItem(dst []byte, m *metaReq) []byte {
 }
 
 // metaNoop answers mn.
-func (c *conn) metaNoop([][]byte) error {
+func (c *conn) metaNoop([][]byte) {
 	c.p.stats.record(cmdMetaNoop, outcomeOK)
 	c.wr.Write(replyMetaNoop)
-	return nil
-}
-
-// metaAlignDelete drops k from every zone but z after a change in place
-// there, as alignDelete does, in base64 when the key went so.
-func (c *conn) metaAlignDelete(z int, k string, bin bool) {
-	if c.zs == nil {
-		return
-	}
-	c.alignReq = append(appendMetaHead(c.alignReq[:0], "md ", k, bin), crlf...)
-	c.alignZones(z, k, c.alignReq, nil)
 }
 
 // metaAnswer answers md or ma with code and the client's return flags in
@@ -266,13 +193,4 @@ func (c *conn) metaAnswer(id int, m *metaReq, code []byte, r *metaReply, value [
 	c.mst.out = out
 	c.wr.Write(out)
 	return nil
-}
-
-// cmdCall returns the command call of zone z, which holds the data block
-// of the last reply there.
-func (c *conn) cmdCall(z int) *upstream.Call {
-	if c.zs == nil {
-		return c.cmd
-	}
-	return c.zs[z].cmd
 }

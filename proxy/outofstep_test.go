@@ -17,48 +17,37 @@ import (
 // dozen clients pipeline sets, gets of up to 24 keys (memcached runs out
 // from about 14 replies owed at once), deletes, touches, incrs and the
 // rest of the isolation test's mix for 3 seconds; every reply is checked
-// as there. On the goroutine path the out-of-step batch fails instead,
-// and must not be sent again whole: its incrs and appends would apply
-// twice. Unless memcached ran out of memory at least once, the test
+// as there. Unless memcached ran out of memory at least once, the test
 // tested nothing and fails.
 func TestOutOfStepRepliesReachNoOtherClient(t *testing.T) {
-	for _, path := range []struct {
-		name  string
-		loops int
-	}{{"goroutines", 0}, {"eventloop", 1}} {
-		t.Run(path.name, func(t *testing.T) {
-			mc := startMemcached(t, "-t", "32", "-o", "read_buf_mem_limit=1")
-			var delay faultConfig
-			delay.rates[faultDelay] = 1
-			delay.minDelay, delay.maxDelay = 30*time.Millisecond, 30*time.Millisecond
-			fwd := startFaultForwarder(t, mc, 1, delay)
-			cfg := testConfig(fwd.addr)
-			cfg.EventLoops = path.loops
-			addr := startPathProxy(t, cfg)
+	mc := startMemcached(t, "-t", "32", "-o", "read_buf_mem_limit=1")
+	var delay faultConfig
+	delay.rates[faultDelay] = 1
+	delay.minDelay, delay.maxDelay = 30*time.Millisecond, 30*time.Millisecond
+	fwd := startFaultForwarder(t, mc, 1, delay)
+	_, addr := startProxy(t, testConfig(fwd.addr))
 
-			shape := isoShape{maxBatch: 16, maxKeys: 24, dataKeys: 8}
-			clients := make([]*isoClient, 12)
-			deadline := time.Now().Add(3 * time.Second)
-			var wg sync.WaitGroup
-			for i := range clients {
-				clients[i] = newIsoClient(i, 1, shape)
-				wg.Go(func() { clients[i].run(addr, 1<<30, deadline) })
-			}
-			wg.Wait()
-			reportIsoClients(t, clients)
-			var sum isoClient
-			for _, c := range clients {
-				sum.replies += c.replies
-				sum.errors += c.errors
-				sum.hits += c.hits
-				sum.redials += c.redials
-				sum.foreign += c.foreign
-			}
-			t.Logf("%d replies checked (%d SERVER_ERROR, %d values), %d connections dialled again; memcached answered out of memory %d times; %d problems carry another client's bytes",
-				sum.replies, sum.errors, sum.hits, sum.redials, fwd.oom.Load(), sum.foreign)
-			if fwd.oom.Load() == 0 {
-				t.Error("memcached never answered out of memory: the test did not make the condition it is about")
-			}
-		})
+	shape := isoShape{maxBatch: 16, maxKeys: 24, dataKeys: 8}
+	clients := make([]*isoClient, 12)
+	deadline := time.Now().Add(3 * time.Second)
+	var wg sync.WaitGroup
+	for i := range clients {
+		clients[i] = newIsoClient(i, 1, shape)
+		wg.Go(func() { clients[i].run(addr, 1<<30, deadline) })
+	}
+	wg.Wait()
+	reportIsoClients(t, clients)
+	var sum isoClient
+	for _, c := range clients {
+		sum.replies += c.replies
+		sum.errors += c.errors
+		sum.hits += c.hits
+		sum.redials += c.redials
+		sum.foreign += c.foreign
+	}
+	t.Logf("%d replies checked (%d SERVER_ERROR, %d values), %d connections dialled again; memcached answered out of memory %d times; %d problems carry another client's bytes",
+		sum.replies, sum.errors, sum.hits, sum.redials, fwd.oom.Load(), sum.foreign)
+	if fwd.oom.Load() == 0 {
+		t.Error("memcached never answered out of memory: the test did not make the condition it is about")
 	}
 }

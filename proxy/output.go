@@ -13,17 +13,11 @@ package proxy
 // length once made. At the limit the loop asks nothing more for the
 // client: the retrieval that would pass it waits, unparsed, with what
 // the client sent after it, until the client has read enough; one that
-// goes on sending moves to the goroutine path once it has sent
-// loopUnreadMax bytes the loop is not answering (see piledUp). One
-// retrieval is always answered when nothing else is owed, however long
-// its reply: memcached answers a get whole too. A client whose replies
-// wait on it for --idle-timeout is closed, and counted.
-//
-// The goroutine path is bounded without counting: it reads the next
-// request only once the replies to the last are written, so it holds the
-// reply of one request (and the mg lines it reads ahead, see
-// aheadBytes); a write that does not finish in --idle-timeout closes the
-// connection, counted the same way.
+// goes on sending is no longer read once it has sent loopUnreadMax bytes
+// the loop is not answering (see pace). One retrieval is always
+// answered when nothing else is owed, however long its reply: memcached
+// answers a get whole too. A client whose replies wait on it for
+// --idle-timeout is closed, and counted.
 
 // defaultMaxClientOutput is --max-client-output-bytes' default: a few
 // replies of the longest values memcached holds by default (1 MiB), and
@@ -128,8 +122,7 @@ func (lc *loopClient) noteOut() {
 
 // closeIdle closes a client that completed no request, or read none of
 // its replies, for --idle-timeout: counted as idle, and when evloop still
-// holds replies for it, as a client that left them unread, as the
-// goroutine path counts one whose write does not finish.
+// holds replies for it, as a client that left them unread.
 func (lc *loopClient) closeIdle() {
 	st := lc.c.p.stats
 	st.connsIdleClosed.Add(1)

@@ -31,116 +31,102 @@ const (
 // after another client read short values, and then one more client gets
 // the long values and reads them. What the
 // proxy holds for the 50 must stay within 50 times
-// --max-client-output-bytes and a fixed allowance: the live heap, and on
-// an event loop the loop's own count of what its clients are owed, at
-// its highest. The reading client gets every value, whole.
+// --max-client-output-bytes and a fixed allowance: the live heap, and the
+// event loop's own count of what its clients are owed, at its highest.
+// The reading client gets every value, whole.
 func TestUnreadRepliesStayWithinTheOutputLimit(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		loops int
-	}{{"goroutine path", 0}, {"event loop", 1}} {
-		t.Run(tc.name, func(t *testing.T) {
-			up := startMemcached(t, "-I", "2m")
-			cfg := testConfig(up)
-			cfg.EventLoops = tc.loops
-			cfg.MaxItemSize = 2 << 20
-			cfg.MaxClientOutput = unreadLimit
-			cfg.Timeout = 10 * time.Second // every reply comes: none is given up as a miss
-			p, addr := startProxy(t, cfg)
-			wants := setValues(t, addr, unreadValue)
-			// A client that reads short values first: what it is owed
-			// says nothing of what the others ask for.
-			short := newLineClient(t, addr)
-			short.do("set short 0 0 2\r\nhi\r\n")
-			for range 10 {
-				if got := short.do("get short\r\n"); got != "VALUE short 0 2\r\nhi\r\nEND\r\n" {
-					t.Fatalf("get short answered %q", got)
-				}
-			}
-			base := liveHeap()
+	up := startMemcached(t, "-I", "2m")
+	cfg := testConfig(up)
+	cfg.MaxItemSize = 2 << 20
+	cfg.MaxClientOutput = unreadLimit
+	cfg.Timeout = 10 * time.Second // every reply comes: none is given up as a miss
+	p, addr := startProxy(t, cfg)
+	wants := setValues(t, addr, unreadValue)
+	// A client that reads short values first: what it is owed
+	// says nothing of what the others ask for.
+	short := newLineClient(t, addr)
+	short.do("set short 0 0 2\r\nhi\r\n")
+	for range 10 {
+		if got := short.do("get short\r\n"); got != "VALUE short 0 2\r\nhi\r\nEND\r\n" {
+			t.Fatalf("get short answered %q", got)
+		}
+	}
+	base := liveHeap()
 
-			for range unreadClients {
-				c := dialSmallWindow(t, addr)
-				var req strings.Builder
-				for i := range unreadGets {
-					fmt.Fprintf(&req, "get v%d\r\n", i%len(wants))
-				}
-				if _, err := io.WriteString(c, req.String()); err != nil {
-					t.Fatal(err)
-				}
-			}
-			// Until memcached has written no more for a second than its
-			// own stats (a minute at most), the proxy's live heap at its
-			// highest.
-			mc := newLineClient(t, up)
-			top := liveHeap()
-			sent, still := mc.stat("bytes_written"), 0
-			for deadline := time.Now().Add(time.Minute); still < 5 && time.Now().Before(deadline); {
-				time.Sleep(200 * time.Millisecond)
-				top = max(top, liveHeap())
-				n := mc.stat("bytes_written")
-				if n-sent > 64<<10 {
-					still = 0
-				} else {
-					still++
-				}
-				sent = n
-			}
-			t.Logf("memcached answered %d gets of the %d sent, %d MB; live heap at most %d MB over %d MB before",
-				mc.stat("get_hits"), unreadClients*unreadGets, sent>>20, (top-base)>>20, base>>20)
-			if bound := uint64(2*unreadClients*unreadLimit + 64<<20); top-base > bound {
-				t.Errorf("the live heap grew by %d MB with %d clients that read nothing, over %d MB (twice --max-client-output-bytes each, and 64 MB)",
-					(top-base)>>20, unreadClients, bound>>20)
-			}
-			if tc.loops > 0 {
-				p.mu.Lock()
-				l := p.loops
-				p.mu.Unlock()
-				peak := l.outputPeak()
-				t.Logf("the loop's clients were owed %d KB at most", peak>>10)
-				if bound := (unreadClients + 1) * unreadLimit; peak > bound {
-					t.Errorf("the loop's clients were owed %d KB at once, over %d KB (--max-client-output-bytes each)", peak>>10, bound>>10)
-				}
-			}
+	for range unreadClients {
+		c := dialSmallWindow(t, addr)
+		var req strings.Builder
+		for i := range unreadGets {
+			fmt.Fprintf(&req, "get v%d\r\n", i%len(wants))
+		}
+		if _, err := io.WriteString(c, req.String()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Until memcached has written no more for a second than its
+	// own stats (a minute at most), the proxy's live heap at its
+	// highest.
+	mc := newLineClient(t, up)
+	top := liveHeap()
+	sent, still := mc.stat("bytes_written"), 0
+	for deadline := time.Now().Add(time.Minute); still < 5 && time.Now().Before(deadline); {
+		time.Sleep(200 * time.Millisecond)
+		top = max(top, liveHeap())
+		n := mc.stat("bytes_written")
+		if n-sent > 64<<10 {
+			still = 0
+		} else {
+			still++
+		}
+		sent = n
+	}
+	t.Logf("memcached answered %d gets of the %d sent, %d MB; live heap at most %d MB over %d MB before",
+		mc.stat("get_hits"), unreadClients*unreadGets, sent>>20, (top-base)>>20, base>>20)
+	if bound := uint64(2*unreadClients*unreadLimit + 64<<20); top-base > bound {
+		t.Errorf("the live heap grew by %d MB with %d clients that read nothing, over %d MB (twice --max-client-output-bytes each, and 64 MB)",
+			(top-base)>>20, unreadClients, bound>>20)
+	}
+	p.mu.Lock()
+	l := p.loops
+	p.mu.Unlock()
+	peak := l.outputPeak()
+	t.Logf("the loop's clients were owed %d KB at most", peak>>10)
+	if bound := (unreadClients + 1) * unreadLimit; peak > bound {
+		t.Errorf("the loop's clients were owed %d KB at once, over %d KB (--max-client-output-bytes each)", peak>>10, bound>>10)
+	}
 
-			// A client that reads its replies gets them all.
-			c := dial(t, addr)
-			br := bufio.NewReader(c)
-			for i := range 8 {
-				want := wants[i%len(wants)]
-				c.SetDeadline(time.Now().Add(30 * time.Second))
-				if _, err := fmt.Fprintf(c, "get v%d\r\n", i%len(wants)); err != nil {
-					t.Fatal(err)
-				}
-				got := make([]byte, len(want))
-				if _, err := io.ReadFull(br, got); err != nil || string(got) != want {
-					t.Fatalf("get %d of a client that reads: %.40q (%v)", i, got, err)
-				}
-			}
-		})
+	// A client that reads its replies gets them all.
+	c := dial(t, addr)
+	br := bufio.NewReader(c)
+	for i := range 8 {
+		want := wants[i%len(wants)]
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		if _, err := fmt.Fprintf(c, "get v%d\r\n", i%len(wants)); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, len(want))
+		if _, err := io.ReadFull(br, got); err != nil || string(got) != want {
+			t.Fatalf("get %d of a client that reads: %.40q (%v)", i, got, err)
+		}
 	}
 }
 
 // TestUnreadRepliesCloseAtIdleTimeout has three clients pipeline gets,
 // more than their sockets take, and read nothing: each is closed once its replies have waited on it for
 // --idle-timeout, counted in mcsidecar_client_output_limit_closed_total
-// (and as an idle kick), and a client that reads meanwhile is not. On an
-// event loop, gets of 16 KB values keep the clients on the loop, which
-// closes them itself; gets of 900 KB values move them to the goroutine
-// path, whose write times out.
+// (and as an idle kick), and a client that reads meanwhile is not: with
+// gets of 16 KB values, and of 900 KB ones.
 func TestUnreadRepliesCloseAtIdleTimeout(t *testing.T) {
 	for _, tc := range []struct {
-		name              string
-		loops, size, gets int
+		name       string
+		size, gets int
 	}{
-		{"goroutine path", 0, unreadValue, 20},
-		{"event loop, short values", 1, 16 << 10, 200},
-		{"event loop, long values", 1, unreadValue, 20},
+		{"short values", 16 << 10, 200},
+		{"long values", unreadValue, 20},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			up := startMemcached(t, "-I", "2m")
 			cfg := testConfig(up)
-			cfg.EventLoops = tc.loops
 			cfg.MaxItemSize = 2 << 20
 			cfg.MaxClientOutput = unreadLimit
 			cfg.IdleTimeout = 2 * time.Second // long enough for the reading client on a busy machine
@@ -192,7 +178,7 @@ func TestUnreadRepliesCloseAtIdleTimeout(t *testing.T) {
 // unreadClosed is the exposition of mcsidecar_client_output_limit_closed_total at n.
 func unreadClosed(n int) string {
 	return fmt.Sprintf(`
-# HELP mcsidecar_client_output_limit_closed_total Client connections closed after --idle-timeout with replies they had not read waiting in the proxy: held by an event loop (at --max-client-output-bytes, or for a socket that took no more), or in a write that did not finish on the goroutine path. Counted in the idle closes too.
+# HELP mcsidecar_client_output_limit_closed_total Client connections closed after --idle-timeout with replies they had not read waiting in the proxy: held by an event loop (at --max-client-output-bytes, or for a socket that took no more). Counted in the idle closes too.
 # TYPE mcsidecar_client_output_limit_closed_total counter
 mcsidecar_client_output_limit_closed_total %d
 `, n)

@@ -56,7 +56,7 @@ type Proxy struct {
 	listeners []net.Listener
 	conns     map[*conn]struct{}
 	wg        sync.WaitGroup
-	loops     *eventLoops // nil: a goroutine per connection
+	loops     *eventLoops // made by the first Serve
 }
 
 // New validates cfg and builds a proxy over its upstream servers. No
@@ -68,7 +68,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.EventLoops == EventLoopsAuto {
+	if cfg.EventLoops <= 0 {
 		cfg.EventLoops = 1
 	}
 	var err error
@@ -177,7 +177,7 @@ func (p *Proxy) Serve(ln net.Listener) error {
 		return nil
 	}
 	p.listeners = append(p.listeners, ln)
-	if p.cfg.EventLoops > 0 && p.loops == nil {
+	if p.loops == nil {
 		loops, err := newEventLoops(p)
 		if err != nil {
 			p.mu.Unlock()
@@ -209,12 +209,10 @@ func (p *Proxy) Serve(ln net.Listener) error {
 		}
 		raw := nc
 		var t *loopTLS
-		if p.tls != nil && p.loops != nil {
+		if p.tls != nil {
 			t = &loopTLS{b: &tlsBridge{Conn: nc}}
 			t.conn = tls.Server(t.b, p.tls)
 			nc = t.conn
-		} else if p.tls != nil {
-			nc = tls.Server(nc, p.tls) // the handshake runs on the first read
 		}
 		c := newConn(p, nc)
 		if !p.track(c) {
@@ -225,18 +223,11 @@ func (p *Proxy) Serve(ln net.Listener) error {
 			go p.loops.enrollTLS(c, raw, t)
 			continue
 		}
-		if p.loops != nil {
-			if err := p.loops.enroll(c); err != nil {
-				p.log.Warn("event loop refused a connection", "err", err)
-				nc.Close()
-				p.untrack(c)
-			}
-			continue
+		if err := p.loops.enroll(c); err != nil {
+			p.log.Warn("event loop refused a connection", "err", err)
+			nc.Close()
+			p.untrack(c)
 		}
-		go func() {
-			defer p.untrack(c)
-			c.serve()
-		}()
 	}
 }
 
@@ -284,7 +275,6 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	defer tick.Stop()
 wait:
 	for {
-		p.wakeIdle()
 		select {
 		case <-done:
 			break wait
@@ -322,17 +312,6 @@ wait:
 	}
 	p.closeServers()
 	return nil
-}
-
-// wakeIdle ends the blocked read of every connection that is waiting for a
-// request, so it sees the shutdown and closes.
-func (p *Proxy) wakeIdle() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	now := time.Now()
-	for c := range p.conns {
-		c.wakeIfIdle(now)
-	}
 }
 
 func (p *Proxy) closeServers() {

@@ -131,127 +131,122 @@ func firstDiff(a, b string) int {
 }
 
 // TestStress runs many clients through a proxy over three memcached
-// servers, with coalescing forced (one leader per server), and checks every
-// value it reads: each value names its key, and a key only its client
-// writes holds exactly what was last written.
+// servers, with at most 7 keys to an upstream get, and checks every value
+// it reads: each value names its key, and a key only its client writes
+// holds exactly what was last written.
 func TestStress(t *testing.T) {
 	if testing.Short() {
 		t.Skip("stress")
 	}
-	for _, leaders := range []int{1, 2} {
-		t.Run("leaders="+strconv.Itoa(leaders), func(t *testing.T) {
-			cfg := testConfig(startMemcached(t), startMemcached(t), startMemcached(t))
-			cfg.GetConcurrency = leaders
-			cfg.GetBatchKeys = 7
-			_, addr := startProxy(t, cfg)
-			const clients, rounds = 32, 400
-			var wg sync.WaitGroup
-			var checked atomic.Int64
-			deadline := time.Now().Add(20 * time.Second)
-			var dumpOnce sync.Once
-			dump := func() {
-				dumpOnce.Do(func() {
-					buf := make([]byte, 1<<22)
-					n := runtime.Stack(buf, true)
-					t.Logf("goroutines at the first failure:\n%s", buf[:n])
-				})
-			}
-			for ci := range clients {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					rng := rand.New(rand.NewPCG(uint64(ci), 9))
-					c, err := net.DialTimeout("tcp", addr, time.Second)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					defer c.Close()
-					c.SetDeadline(deadline)
-					br := bufio.NewReader(c)
-					own := map[string]string{}
-					value := func(k string, n int) string {
-						v := k + "=" + strconv.Itoa(rng.IntN(1e9)) + ":"
-						return v + strings.Repeat("x", max(0, n-len(v)))
-					}
-					for r := range rounds {
-						// One own key, one shared key.
-						ok := fmt.Sprintf("own%d-%d", ci, rng.IntN(5))
-						sk := fmt.Sprintf("shared%d", rng.IntN(10))
-						size := []int{10, 300, 5000, 20000}[rng.IntN(4)]
-						ov, sv := value(ok, size), value(sk, size)
-						fmt.Fprintf(c, "set %s %d 0 %d\r\n%s\r\nset %s 0 0 %d noreply\r\n%s\r\n", ok, len(ov), len(ov), ov, sk, len(sv), sv)
-						if line, err := br.ReadString('\n'); err != nil || line != "STORED\r\n" {
-							dump()
-							t.Errorf("client %d round %d: set answered %q %v", ci, r, line, err)
-							return
-						}
-						own[ok] = ov
-						// A multi-get with duplicates over own and shared keys.
-						var keys []string
-						for range 1 + rng.IntN(8) {
-							if rng.IntN(2) == 0 {
-								keys = append(keys, fmt.Sprintf("own%d-%d", ci, rng.IntN(5)))
-							} else {
-								keys = append(keys, fmt.Sprintf("shared%d", rng.IntN(10)))
-							}
-						}
-						verb := []string{"get", "gets", "gat 0", "gats 0"}[rng.IntN(4)]
-						fmt.Fprintf(c, "%s %s\r\n", verb, strings.Join(keys, " "))
-						ki := 0
-						for {
-							line, err := br.ReadString('\n')
-							if err != nil {
-								t.Errorf("client %d: %v", ci, err)
-								return
-							}
-							if line == "END\r\n" {
-								break
-							}
-							f := strings.Fields(line)
-							if len(f) < 4 || f[0] != "VALUE" {
-								t.Errorf("client %d: bad line %q", ci, line)
-								return
-							}
-							n, _ := strconv.Atoi(f[3])
-							data := make([]byte, n+2)
-							if _, err := io.ReadFull(br, data); err != nil {
-								t.Errorf("client %d: %v", ci, err)
-								return
-							}
-							v := string(data[:n])
-							// VALUE lines come in request order.
-							for ki < len(keys) && keys[ki] != f[1] {
-								if strings.HasPrefix(keys[ki], "own") {
-									if _, set := own[keys[ki]]; set {
-										t.Errorf("client %d: own key %s missing from reply", ci, keys[ki])
-									}
-								}
-								ki++
-							}
-							if ki == len(keys) {
-								t.Errorf("client %d: VALUE %s out of order for %v", ci, f[1], keys)
-								return
-							}
-							ki++
-							if !strings.HasPrefix(v, f[1]+"=") || string(data[n:]) != "\r\n" {
-								t.Errorf("client %d: key %s got a value of another key: %.40q", ci, f[1], v)
-							}
-							if want, mine := own[f[1]]; mine && v != want {
-								t.Errorf("client %d: own key %s got %.40q, want %.40q", ci, f[1], v, want)
-							}
-							if f[2] != strconv.Itoa(len(v)) && strings.HasPrefix(f[1], "own") {
-								t.Errorf("client %d: own key %s flags %s, want %d", ci, f[1], f[2], len(v))
-							}
-							checked.Add(1)
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			t.Logf("%d values checked", checked.Load())
+	cfg := testConfig(startMemcached(t), startMemcached(t), startMemcached(t))
+	cfg.GetBatchKeys = 7
+	_, addr := startProxy(t, cfg)
+	const clients, rounds = 32, 400
+	var wg sync.WaitGroup
+	var checked atomic.Int64
+	deadline := time.Now().Add(20 * time.Second)
+	var dumpOnce sync.Once
+	dump := func() {
+		dumpOnce.Do(func() {
+			buf := make([]byte, 1<<22)
+			n := runtime.Stack(buf, true)
+			t.Logf("goroutines at the first failure:\n%s", buf[:n])
 		})
 	}
+	for ci := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(ci), 9))
+			c, err := net.DialTimeout("tcp", addr, time.Second)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(deadline)
+			br := bufio.NewReader(c)
+			own := map[string]string{}
+			value := func(k string, n int) string {
+				v := k + "=" + strconv.Itoa(rng.IntN(1e9)) + ":"
+				return v + strings.Repeat("x", max(0, n-len(v)))
+			}
+			for r := range rounds {
+				// One own key, one shared key.
+				ok := fmt.Sprintf("own%d-%d", ci, rng.IntN(5))
+				sk := fmt.Sprintf("shared%d", rng.IntN(10))
+				size := []int{10, 300, 5000, 20000}[rng.IntN(4)]
+				ov, sv := value(ok, size), value(sk, size)
+				fmt.Fprintf(c, "set %s %d 0 %d\r\n%s\r\nset %s 0 0 %d noreply\r\n%s\r\n", ok, len(ov), len(ov), ov, sk, len(sv), sv)
+				if line, err := br.ReadString('\n'); err != nil || line != "STORED\r\n" {
+					dump()
+					t.Errorf("client %d round %d: set answered %q %v", ci, r, line, err)
+					return
+				}
+				own[ok] = ov
+				// A multi-get with duplicates over own and shared keys.
+				var keys []string
+				for range 1 + rng.IntN(8) {
+					if rng.IntN(2) == 0 {
+						keys = append(keys, fmt.Sprintf("own%d-%d", ci, rng.IntN(5)))
+					} else {
+						keys = append(keys, fmt.Sprintf("shared%d", rng.IntN(10)))
+					}
+				}
+				verb := []string{"get", "gets", "gat 0", "gats 0"}[rng.IntN(4)]
+				fmt.Fprintf(c, "%s %s\r\n", verb, strings.Join(keys, " "))
+				ki := 0
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil {
+						t.Errorf("client %d: %v", ci, err)
+						return
+					}
+					if line == "END\r\n" {
+						break
+					}
+					f := strings.Fields(line)
+					if len(f) < 4 || f[0] != "VALUE" {
+						t.Errorf("client %d: bad line %q", ci, line)
+						return
+					}
+					n, _ := strconv.Atoi(f[3])
+					data := make([]byte, n+2)
+					if _, err := io.ReadFull(br, data); err != nil {
+						t.Errorf("client %d: %v", ci, err)
+						return
+					}
+					v := string(data[:n])
+					// VALUE lines come in request order.
+					for ki < len(keys) && keys[ki] != f[1] {
+						if strings.HasPrefix(keys[ki], "own") {
+							if _, set := own[keys[ki]]; set {
+								t.Errorf("client %d: own key %s missing from reply", ci, keys[ki])
+							}
+						}
+						ki++
+					}
+					if ki == len(keys) {
+						t.Errorf("client %d: VALUE %s out of order for %v", ci, f[1], keys)
+						return
+					}
+					ki++
+					if !strings.HasPrefix(v, f[1]+"=") || string(data[n:]) != "\r\n" {
+						t.Errorf("client %d: key %s got a value of another key: %.40q", ci, f[1], v)
+					}
+					if want, mine := own[f[1]]; mine && v != want {
+						t.Errorf("client %d: own key %s got %.40q, want %.40q", ci, f[1], v, want)
+					}
+					if f[2] != strconv.Itoa(len(v)) && strings.HasPrefix(f[1], "own") {
+						t.Errorf("client %d: own key %s flags %s, want %d", ci, f[1], f[2], len(v))
+					}
+					checked.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d values checked", checked.Load())
 }
 
 // heapSampler records the largest heap in use while it runs.
@@ -488,7 +483,6 @@ func TestUpstreamErrorsCountUpstreamRequests(t *testing.T) {
 	stuck, _ := stuckUpstream(t)
 	cfg := testConfig(stuck)
 	cfg.Timeout = 300 * time.Millisecond
-	cfg.GetConcurrency = 1
 	_, addr := startProxy(t, cfg)
 	var wg sync.WaitGroup
 	for i := range 10 {
@@ -524,7 +518,6 @@ func TestTooLargeForUpstreamIsAClientError(t *testing.T) {
 // the race detector must stay quiet.
 func TestShutdownUnderLoad(t *testing.T) {
 	cfg := testConfig(startMemcached(t), startMemcached(t), startMemcached(t))
-	cfg.GetConcurrency = 1
 	p, addr, served := serveProxy(t, cfg)
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
@@ -689,8 +682,8 @@ func TestMemcachedStopsServingAResetClient(t *testing.T) {
 
 // BenchmarkProxyAllocsPerGet measures what the proxy allocates per get
 // (the client below allocates nothing per request), for one key on one
-// server and for ten keys spread over three servers: a key becomes a
-// string, and a multi-server get starts a goroutine per extra server.
+// server, for ten keys spread over three servers, and for a gat of one
+// key.
 func BenchmarkProxyAllocsPerGet(b *testing.B) {
 	for _, tc := range []struct {
 		name    string
@@ -737,8 +730,7 @@ func BenchmarkProxyAllocsPerGet(b *testing.B) {
 }
 
 // TestIdleConnectionCost logs what an idle client connection costs
-// the proxy (a small read buffer, one getCall per server): this times
-// --max-connections is the floor.
+// the proxy: this times --max-connections is the floor.
 func TestIdleConnectionCost(t *testing.T) {
 	_, addr := startProxy(t, testConfig(startMemcached(t), startMemcached(t), startMemcached(t)))
 	const conns = 300

@@ -280,26 +280,23 @@ func waitServed(t *testing.T, served <-chan error) {
 
 // TestDrainAnswersRequestsAlreadyRead pipelines gets of a large value
 // over a small receive window and starts a shutdown while most replies are
-// still owed. The proxy reads the requests early (on the event loop while
-// it holds replies back), and must answer every one before it closes the
-// connection: on both paths, to a client that reads at once, and on the
-// loop to one that reads a reply every 15 ms, whose replies evloop holds
-// when it has none left to make.
+// still owed. The event loop reads the requests early, while it holds
+// replies back, and must answer every one before it closes the
+// connection: to a client that reads at once, and to one that reads a
+// reply every 15 ms, whose replies evloop holds when it has none left to
+// make.
 func TestDrainAnswersRequestsAlreadyRead(t *testing.T) {
 	for _, tc := range []struct {
-		name        string
-		loops, size int
-		gets        int
-		pause       time.Duration
+		name  string
+		size  int
+		gets  int
+		pause time.Duration
 	}{
-		{"goroutines", 0, 16 << 10, 1000, 0},
-		{"loop", 1, 16 << 10, 1000, 0},
-		{"loop, slow reader", 1, 64 << 10, 60, 15 * time.Millisecond},
+		{"reads at once", 16 << 10, 1000, 0},
+		{"slow reader", 64 << 10, 60, 15 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := testConfig(startMemcached(t))
-			cfg.EventLoops = tc.loops
-			p, addr, _ := serveProxy(t, cfg)
+			p, addr, _ := serveProxy(t, testConfig(startMemcached(t)))
 			want := setBig(t, addr, tc.size)
 			c := dialSmallWindow(t, addr)
 			c.SetDeadline(time.Now().Add(15 * time.Second))
@@ -327,26 +324,21 @@ func TestDrainAnswersRequestsAlreadyRead(t *testing.T) {
 }
 
 // TestDrainLetsAValueInFlightArrive starts a shutdown while a set's value
-// is arriving, on both paths, short and long (on the loop a long one is
-// gathered in a buffer of its own), and sends the rest in two parts with a
-// pause between: the request is in flight, so the rest of the value is
-// read, the set answered and stored, and only then is the connection
-// closed.
+// is arriving, short and long (a long one is gathered in a buffer of its
+// own), and sends the rest in two parts with a pause between: the request
+// is in flight, so the rest of the value is read, the set answered and
+// stored, and only then is the connection closed.
 func TestDrainLetsAValueInFlightArrive(t *testing.T) {
 	for _, tc := range []struct {
-		name        string
-		loops, size int
+		name string
+		size int
 	}{
-		{"goroutines, short", 0, 1000},
-		{"goroutines, long", 0, 300 << 10},
-		{"loop, short", 1, 1000},
-		{"loop, long", 1, 300 << 10},
+		{"short", 1000},
+		{"long", 300 << 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mc := startMemcached(t)
-			cfg := testConfig(mc)
-			cfg.EventLoops = tc.loops
-			p, addr, _ := serveProxy(t, cfg)
+			p, addr, _ := serveProxy(t, testConfig(mc))
 			c := dial(t, addr)
 			value := strings.Repeat("d", tc.size)
 			head := "set drain 0 0 " + itoa(tc.size) + "\r\n"
@@ -363,8 +355,7 @@ func TestDrainLetsAValueInFlightArrive(t *testing.T) {
 			// Longer than the drain takes to close a connection that
 			// waits for a request (a few ms).
 			time.Sleep(150 * time.Millisecond)
-			// More of it, then a pause longer than the goroutine path
-			// lingers after a read that did not fill its buffer.
+			// More of it, then a pause before the rest.
 			more := cut + (len(req)-cut)/2
 			if _, err := io.WriteString(c, req[cut:more]); err != nil {
 				t.Fatalf("more of the value: %v", err)

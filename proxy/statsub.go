@@ -79,7 +79,6 @@ func (p *Proxy) appendSettings(dst []byte) []byte {
 	b.num("upstream_timeout_ms", cfg.Timeout.Milliseconds())
 	b.num("upstream_connect_timeout_ms", cfg.ConnectTimeout.Milliseconds())
 	b.num("upstream_max_idle_conns", int64(cfg.MaxIdleConns))
-	b.num("upstream_get_concurrency", int64(cfg.GetConcurrency))
 	b.num("upstream_get_batch_keys", int64(cfg.GetBatchKeys))
 	b.str("upstream_retrieval_failure", cfg.RetrievalFailure)
 	b.num("upstream_failure_limit", int64(cfg.FailureLimit))
@@ -117,10 +116,11 @@ func (p *Proxy) appendSettings(dst []byte) []byte {
 
 // appendConns answers "stats conns" as memcached does, one group of lines
 // per client connection, numbered in the order they were accepted:
-// "<n>:addr", "<n>:listen_addr", "<n>:state" (conn_parse_cmd while a
-// request is handled, conn_waiting otherwise) and
+// "<n>:addr", "<n>:listen_addr", "<n>:state" (conn_parse_cmd for the
+// connection asking, whose request is being handled, conn_waiting for the
+// others, whose state belongs to their loops) and
 // "<n>:secs_since_last_cmd".
-func (p *Proxy) appendConns(dst []byte) []byte {
+func (p *Proxy) appendConns(dst []byte, asking *conn) []byte {
 	b := statLines(dst)
 	now := time.Now().UnixNano()
 	p.mu.Lock()
@@ -136,7 +136,7 @@ func (p *Proxy) appendConns(dst []byte) []byte {
 		b.str(n+"addr", connAddr(nc.RemoteAddr()))
 		b.str(n+"listen_addr", connAddr(nc.LocalAddr()))
 		state := "conn_waiting"
-		if c.busy.Load() {
+		if c == asking {
 			state = "conn_parse_cmd"
 		}
 		b.str(n+"state", state)

@@ -368,22 +368,16 @@ func TestTLSUpstreamHandshakeIsBoundedByTheConnectTimeout(t *testing.T) {
 	}
 }
 
-// TestTLSUpstreamPipelined: over TLS to memcached, on the event loop and
-// on the goroutine path, replies of many TLS records, which arrive in
-// pieces, to several clients at once, requests of several clients in one
-// write, sets of large values pipelined, and a session that ends with its
-// memcached, which the next requests replace. On the loop, the loop keeps
-// every client and speaks TLS itself.
+// TestTLSUpstreamPipelined: over TLS to memcached, replies of many TLS
+// records, which arrive in pieces, to several clients at once, requests
+// of several clients in one write, sets of large values pipelined, and a
+// session that ends with its memcached, which the next requests replace.
+// The event loop keeps every client and speaks TLS itself.
 //
 // memcached 1.6.18 stalls a TLS connection when a record holds more than
 // the rest of a value it reads (see upstream.RequestRecords): the
 // pipelined sets time out without it.
 func TestTLSUpstreamPipelined(t *testing.T) {
-	t.Run("loop", func(t *testing.T) { testTLSUpstreamPipelined(t, EventLoopsAuto) })
-	t.Run("goroutines", func(t *testing.T) { testTLSUpstreamPipelined(t, 0) })
-}
-
-func testTLSUpstreamPipelined(t *testing.T, loops int) {
 	pki := newTestPKI(t, "memcached")
 	srvCert, srvKey := pki.issue(t, "memcached", x509.ExtKeyUsageServerAuth)
 	cliCert, cliKey := pki.issue(t, "mcsidecar", x509.ExtKeyUsageClientAuth)
@@ -391,11 +385,10 @@ func testTLSUpstreamPipelined(t *testing.T, loops int) {
 	mc, kill := startKillableMemcached(t, tlsArgs...)
 
 	cfg := testConfig(mc)
-	cfg.EventLoops = loops
+	cfg.EventLoops = EventLoopsAuto
 	cfg.UpstreamTLS = UpstreamTLS{Enabled: true, CAPath: pki.caPath, CertPath: cliCert, KeyPath: cliKey}
 	p, addr := startProxy(t, cfg)
-	onLoop := loops != 0
-	if onLoop && p.cfg.EventLoops != 1 {
+	if p.cfg.EventLoops != 1 {
 		t.Fatalf("--event-loops -1 with upstream TLS serves on %d loops, want 1", p.cfg.EventLoops)
 	}
 
@@ -471,17 +464,16 @@ func testTLSUpstreamPipelined(t *testing.T, loops int) {
 		}
 	}
 	serve(0)
-	if n := 1; onLoop && loopTLSUpstreams(p) != n {
+	if n := 1; loopTLSUpstreams(p) != n {
 		t.Errorf("the loop holds %d TLS connections upstream, want %d", loopTLSUpstreams(p), n)
 	}
 
 	// A memcached restarted ends the session; the loop notices, and the
-	// next requests open another. (The goroutine path finds its pooled
-	// connections broken and dials again.)
+	// next requests open another.
 	kill()
 	restartMemcached(t, mc, tlsArgs...)
 	deadline := time.Now().Add(10 * time.Second)
-	for onLoop && loopTLSUpstreams(p) != 0 {
+	for loopTLSUpstreams(p) != 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the loop kept its TLS connection to a memcached that was killed")
 		}

@@ -111,12 +111,6 @@ func (p *Proxy) note(stripe *atomic.Uint64) uint64 {
 	return n
 }
 
-// wroteSince reports whether a write to upstream key k may have run since
-// a read noted n: one was under way then, or one began since.
-func (p *Proxy) wroteSince(k string, n uint64) bool {
-	return n == noteNever || p.guard.stripe(k).Load() != n
-}
-
 // wroteSinceOf is wroteSince for a key in bytes.
 func (p *Proxy) wroteSinceOf(k []byte, n uint64) bool {
 	return n == noteNever || p.guard.stripeOf(k).Load() != n
@@ -139,24 +133,6 @@ func ownWriteEnded(n uint64) uint64 {
 	return n - 1
 }
 
-// writing marks a write of upstream key k as begun, before it goes
-// upstream, and drops k's entry from the tier. wrote marks it ended, once
-// it is answered, and drops the entry again: a read that overlapped the
-// write may have kept what it replaced in between.
-func (p *Proxy) writing(k string) {
-	if p.guarding {
-		p.guard.stripe(k).Add(writeBegin)
-		p.forget(k)
-	}
-}
-
-func (p *Proxy) wrote(k string) {
-	if p.guarding {
-		p.guard.stripe(k).Add(math.MaxUint64) // one write less under way
-		p.forget(k)
-	}
-}
-
 // writingOf and wroteOf are writing and wrote for a key in bytes; the
 // key is copied only for the tier.
 func (p *Proxy) writingOf(k []byte) {
@@ -170,16 +146,6 @@ func (p *Proxy) wroteOf(k []byte) {
 	if p.guarding {
 		p.guard.stripeOf(k).Add(math.MaxUint64)
 		p.forgetOf(k)
-	}
-}
-
-func (c *conn) writing(k string) { c.p.writing(k) }
-func (c *conn) wrote(k string)   { c.p.wrote(k) }
-
-// forget drops k's entry from the tier.
-func (p *Proxy) forget(k string) {
-	if p.tier != nil {
-		p.tier.Delete(k)
 	}
 }
 

@@ -199,7 +199,9 @@ func TestRefusedFlagValueNamesWhatIsAccepted(t *testing.T) {
 		{[]string{"--codec-flag-bit=32"}, "want a bit number from 0 to 31"},
 		{[]string{"--codec-min-savings=1.5"}, "from 0 to 1"},
 		{[]string{"--metrics-tenants=1001"}, "--metrics-tenants must be between 0 and 1000"},
-		{[]string{"--event-loops=300"}, "--event-loops must be -1 (auto) or between 0 and 256"},
+		{[]string{"--event-loops=300"}, "--event-loops must be -1 (auto) or between 1 and 256"},
+		{[]string{"--event-loops=0"}, `invalid argument "0" for "--event-loops" flag: 0 (a goroutine per connection) is no longer offered`},
+		{[]string{"--event-loops=two"}, `invalid argument "two" for "--event-loops" flag: want a number of event loops`},
 		{[]string{"--max-request-line=100"}, "--max-request-line 100: must be at least 2048"},
 		{[]string{"--max-request-line=64k"}, "--max-request-line 65536 is shorter than a line holding a key of --key-max-client-length 65536: give at least 89432, or a smaller --key-max-client-length"},
 	} {

@@ -10,6 +10,9 @@ import (
 	"time"
 )
 
+// smallRead is the size of a connection's own read buffer.
+const smallRead = 4 << 10
+
 // closeLinger bounds how long the writer of a closed connection may take
 // to write what the connection held: the peer that reads nothing does not
 // keep the goroutine longer.
@@ -34,7 +37,8 @@ type Conn struct {
 	inOff int
 	fresh []byte
 
-	own     []byte      // the connection's read buffer, made at its first read
+	small   []byte      // the connection's read buffer, made at its first read
+	large   bool        // the next read goes into a large buffer (see armRead)
 	next    chan []byte // the buffer of the next read, to the reader
 	reading bool        // a read is under way
 	held    bool        // a read ended while paused: its bytes are in in
@@ -144,32 +148,35 @@ func (c *Conn) ResumeReading() {
 }
 
 // resume hands OnTraffic what a read brought while the connection was
-// paused.
+// paused, and how the read ended.
 func (c *Conn) resume() {
 	if c.closing || c.paused || !c.held {
 		return
 	}
 	err := c.heldErr
 	c.held, c.heldErr = false, nil
-	c.deliver(nil, err, c.InboundBuffered() > 0)
+	if c.InboundBuffered() > 0 && !c.traffic(nil) {
+		return
+	}
+	c.deliver(nil, nil, err)
 }
 
-// armRead has the reader read once, into the handler's buffer or the
-// connection's own, unless the connection is paused or a read is under
-// way.
+// armRead has the reader read once, unless the connection is paused or a
+// read is under way: into the connection's small buffer, or when the last
+// read filled its buffer, into a large one of the loop's. An idle
+// connection holds only its small one.
 func (c *Conn) armRead() {
 	if c.closing || c.paused || c.ended || c.reading || c.held {
 		return
 	}
-	buf := c.own
-	if c.loop.readInto != nil {
-		if b := c.loop.readInto.ReadInto(c); len(b) > 0 {
-			buf = b
+	var buf []byte
+	if c.large {
+		buf = c.loop.takeLarge()
+	} else {
+		if c.small == nil {
+			c.small = make([]byte, min(smallRead, c.loop.bufSize))
 		}
-	}
-	if len(buf) == 0 {
-		c.own = make([]byte, c.loop.bufSize)
-		buf = c.own
+		buf = c.small
 	}
 	c.reading = true
 	c.next <- buf
@@ -180,47 +187,50 @@ func (c *Conn) armRead() {
 func (c *Conn) reader() {
 	for buf := range c.next {
 		n, err := c.nc.Read(buf)
-		c.loop.post(func() { c.arrived(buf[:n], err) })
+		c.loop.post(func() { c.arrived(buf, n, err) })
 	}
 }
 
 // arrived handles a read's outcome on the loop.
-func (c *Conn) arrived(b []byte, err error) {
+func (c *Conn) arrived(buf []byte, n int, err error) {
 	c.reading = false
 	if c.closing {
 		return
 	}
-	if c.paused {
-		c.keepIn(b)
-		c.held, c.heldErr = true, err
-		return
-	}
-	c.deliver(b, err, len(b) > 0)
+	c.large = n == len(buf) && len(buf) < c.loop.bufSize || c.large && n > len(buf)/2
+	c.deliver(buf[:n], buf, err)
 }
 
-// deliver hands fresh bytes to OnTraffic when traffic says so, then ends
+// deliver hands b to OnTraffic, in as many calls as ReadInto's buffers
+// cut it into (each takes a copy of as much as it holds, so a buffer the
+// handler gives is written to at once, not when a read ends), then ends
 // the connection's reading if err says the read failed, and reads again
-// otherwise.
-func (c *Conn) deliver(b []byte, err error, traffic bool) {
+// otherwise. buf, b's buffer, goes back to the loop if it is a large one.
+func (c *Conn) deliver(b, buf []byte, err error) {
 	l := c.loop
-	if traffic {
-		c.fresh = b
-		action := l.h.OnTraffic(c)
-		if c.closing {
+	defer l.giveLarge(buf)
+	for len(b) > 0 {
+		if c.paused {
+			c.keepIn(b)
+			c.held, c.heldErr = true, err
 			return
 		}
-		if action == Close {
-			c.close(nil)
+		fresh := b
+		if l.readInto != nil {
+			if into := l.readInto.ReadInto(c); len(into) > 0 {
+				fresh = into[:copy(into, b)]
+			}
+		}
+		b = b[len(fresh):]
+		if !c.traffic(fresh) {
 			return
 		}
-		if len(c.fresh) > 0 {
-			c.keepIn(c.fresh) // the read buffer is the connection's, or the handler's
-		}
-		c.fresh = nil
 	}
 	switch {
 	case err == nil:
 		c.armRead()
+	case c.paused:
+		c.held, c.heldErr = true, err
 	case errors.Is(err, io.EOF) && l.readEnd != nil:
 		c.paused, c.ended = true, true
 		if l.readEnd.OnReadEnd(c) == Close {
@@ -229,6 +239,25 @@ func (c *Conn) deliver(b []byte, err error, traffic bool) {
 	default:
 		c.close(os.NewSyscallError("read", err))
 	}
+}
+
+// traffic calls OnTraffic with fresh after the bytes held, and reports
+// whether the connection is still open.
+func (c *Conn) traffic(fresh []byte) bool {
+	c.fresh = fresh
+	action := c.loop.h.OnTraffic(c)
+	if c.closing {
+		return false
+	}
+	if action == Close {
+		c.close(nil)
+		return false
+	}
+	if len(c.fresh) > 0 {
+		c.keepIn(c.fresh) // the read buffer goes back, or to the next read
+	}
+	c.fresh = nil
+	return true
 }
 
 // Close closes the connection now: OnClose runs before Close returns, and
@@ -254,6 +283,6 @@ func (c *Conn) close(err error) {
 		c.nc.SetWriteDeadline(time.Now().Add(closeLinger))
 	}
 	close(c.wch)
-	c.in, c.inOff, c.fresh, c.own = nil, 0, nil, nil
+	c.in, c.inOff, c.fresh, c.small = nil, 0, nil, nil
 	c.out, c.spare, c.flight = nil, nil, 0
 }

@@ -23,7 +23,7 @@ import (
 // 10 ms as from a goroutine that never yields.
 //
 // The price is paid by goroutines the loop makes runnable (a dial's, a
-// handover's): they wait in the loop's P while it blocks, until the spare
+// TLS handshake's): they wait in the loop's P while it blocks, until the spare
 // P's thread or sysmon takes them.
 const yieldEvery = 5 * time.Millisecond
 

@@ -23,7 +23,8 @@ type Loop struct {
 	readEnd  ReadEnder  // h, when it is one
 	noDelay  bool
 	log      *slog.Logger
-	bufSize  int // each connection's own read buffer
+	bufSize  int      // the size of a large read buffer
+	larges   [][]byte // large read buffers no read uses
 
 	conns map[*Conn]struct{}
 
@@ -53,6 +54,23 @@ func newLoop(cfg *Config, h Handler) (*Loop, error) {
 	l.readInto, _ = h.(ReadIntoer)
 	l.readEnd, _ = h.(ReadEnder)
 	return l, nil
+}
+
+// takeLarge returns a large read buffer.
+func (l *Loop) takeLarge() []byte {
+	if n := len(l.larges); n > 0 {
+		b := l.larges[n-1]
+		l.larges = l.larges[:n-1]
+		return b
+	}
+	return make([]byte, l.bufSize)
+}
+
+// giveLarge takes back buf if it is a large read buffer, keeping a few.
+func (l *Loop) giveLarge(buf []byte) {
+	if len(buf) == l.bufSize && len(buf) > smallRead && len(l.larges) < 8 {
+		l.larges = append(l.larges, buf)
+	}
 }
 
 // Execute runs f on the loop's goroutine after what the loop is running

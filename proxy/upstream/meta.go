@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"math"
-	"slices"
 	"strconv"
 
 	"mcsidecar/proxy/internal/wire"
@@ -15,41 +14,6 @@ type MetaItem struct {
 	Flags uint32
 	CAS   uint64
 	TTL   int32 // seconds left to live; -1: never expires
-}
-
-// getForUpdate reads key's item with memcached's meta get, which, unlike
-// gets, also tells how long the item has left to live, so that writing it
-// back keeps its expiry as memcached's own append and incr do. The value is
-// read into dst, grown once to its size. found is false on a miss.
-func (p *rawPool) getForUpdate(key string, dst []byte) (value []byte, it MetaItem, found bool, err error) {
-	// A read, safe to repeat: u leaves the item's fetch state alone.
-	err = p.do(true, func(c *rawConn) error {
-		found = false
-		c.rw.WriteString("mg ")
-		c.rw.WriteString(key)
-		c.rw.WriteString(" v f c t u\r\n") // u: the read does not count as a fetch (mg h, l)
-		if err := c.rw.Flush(); err != nil {
-			return err
-		}
-		line, err := c.rw.ReadSlice('\n')
-		if err != nil {
-			return err
-		}
-		if bytes.Equal(line, metaMiss) {
-			return nil
-		}
-		var size int
-		if size, it, err = ParseMetaValue(line); err != nil {
-			return err
-		}
-		value = slices.Grow(dst[:0], size)[:size]
-		if err := readValue(c.rw.Reader, value); err != nil {
-			return err
-		}
-		found = true
-		return nil
-	})
-	return value, it, found, err
 }
 
 // ParseMetaValue reads the header line of a meta get hit, "VA <size>
@@ -112,32 +76,6 @@ func ParseMetaValue(line []byte) (size int, it MetaItem, err error) {
 		return bad()
 	}
 	return int(n), it, nil
-}
-
-// storeIfUnchanged writes value under key with memcached's meta set, only
-// if the item still has it.CAS, with the item's flags and remaining time to
-// live. conflict reports that the item changed or went away since it was
-// read; notStored that memcached refused the value (too large); cas is the
-// CAS value of the item stored. It is never sent twice: when a reply is
-// lost the write may have happened, and joining twice would corrupt the
-// value.
-func (p *rawPool) storeIfUnchanged(key string, it MetaItem, value []byte) (conflict, notStored bool, cas uint64, err error) {
-	// Once, under the server's health.
-	err = p.guard(func() error {
-		return p.once(func(c *rawConn) error {
-			c.rw.Write(AppendStoreIfUnchanged(c.rw.AvailableBuffer(), key, it, value))
-			if err := c.rw.Flush(); err != nil {
-				return err
-			}
-			line, err := c.rw.ReadSlice('\n')
-			if err != nil {
-				return err
-			}
-			conflict, notStored, cas, err = StoreIfUnchangedReply(line)
-			return err
-		})
-	})
-	return conflict, notStored, cas, err
 }
 
 // AppendStoreIfUnchanged appends the request StoreIfUnchanged sends: an

@@ -1,8 +1,9 @@
 // Package upstream is the proxy's side towards memcached: the server set
-// and the selector over it, each server's health, its connection pool and
-// the coalescer that pipelines many clients' requests to it in batches.
-// The command handlers of package proxy call it through Set, Server and
-// Call.
+// and the selector over it, each server's health and counters, how its
+// connections are dialled, the parsing of the replies the proxy reads
+// strictly, and a small pool of connections for readiness pings and
+// health probes. The event loops of package proxy keep their own
+// connections to each server (see DialLoop).
 package upstream
 
 import (

@@ -16,12 +16,6 @@ type Options struct {
 	MaxIdleConns   int           // idle connections kept per server
 	FailureLimit   int           // consecutive failures that eject; 0 never ejects
 	RetryInterval  time.Duration // between probes of an ejected server
-	GetConcurrency int           // batches in flight per server
-	GetBatchKeys   int           // keys in one batch at most
-	// MetaGets asks for every get with mg, for the time to live of each
-	// hit too: the local tier keeps a value only as long as memcached
-	// would.
-	MetaGets bool
 	// TLS returns the TLS configuration of a new server's connections;
 	// nil, or a nil configuration, is plain TCP.
 	TLS    func() (*tls.Config, error)
@@ -29,12 +23,12 @@ type Options struct {
 	Totals Totals
 }
 
-// Server is one upstream memcached: its connection pool, the coalescer
-// that pipelines every client's requests to it in batches, and its health,
-// which every request passes.
+// Server is one upstream memcached: its name, its health, which every
+// request passes, its counters, how to dial it for an event loop
+// (DialLoop), and a small pool of connections for readiness pings and
+// health probes.
 type Server struct {
 	name   string
-	pipe   *coalescer // every request but flush_all and the envelope's
 	raw    *rawPool
 	health *health
 	up     *serverStats
@@ -78,45 +72,11 @@ func NewServer(name string, o *Options) (*Server, error) {
 		connectTimeout: o.ConnectTimeout,
 	}
 	raw.outOfStep = s.OutOfStep
-	s.pipe = newCoalescer(s.raw, up, o.GetConcurrency, o.GetBatchKeys)
-	s.pipe.r.Meta = o.MetaGets
 	return s, nil
 }
 
 // Name returns the server as --upstream or DNS named it.
 func (s *Server) Name() string { return s.name }
-
-// Get runs call on the server, pipelined with other clients' requests,
-// and returns once call has its items, or its reply line, or Err.
-func (s *Server) Get(call *Call) { s.pipe.get(call) }
-
-// Begin starts call's fetch for a request that asks other servers too,
-// without waiting for the reply, and reports whether call leads its batch:
-// a leader has its batch gathered on a connection, to be written by
-// Call.WriteNow or as End begins to read; a call that must wait in line is
-// queued. End completes it.
-func (s *Server) Begin(call *Call) bool { return s.pipe.begin(call) }
-
-// End completes what Begin started; led is what Begin returned.
-func (s *Server) End(call *Call, led bool) { s.pipe.end(call, led) }
-
-// Send starts one request r for call's keys, not coalesced with other
-// clients' requests and without waiting for its replies: Finish reads
-// them. Call.WriteNow writes it before Finish does.
-func (s *Server) Send(r Retrieval, call *Call) {
-	call.batch = append(call.batch[:0], call)
-	call.began = time.Now()
-	call.pend = s.raw.send(r, call.batch)
-}
-
-// Finish reads the replies to what Send sent, into call's items and Err.
-func (s *Server) Finish(r Retrieval, call *Call) {
-	call.Err = s.raw.finish(r, call.batch, call.pend)
-	s.up.observe(call.began, call.Err)
-	call.pend = pending{}
-	clear(call.batch)
-	call.batch = call.batch[:0]
-}
 
 // Observe counts one request to the server that began at start and ended
 // with err, for a request made without Get, Begin or Send.
@@ -149,30 +109,9 @@ func (s *Server) CountGet(keys int, joined bool) {
 // otherwise answered.
 func (s *Server) CountServerError() { s.up.serverError() }
 
-// FlushAll sends flush_all, with the delay when one was given.
-func (s *Server) FlushAll(delay int32, withDelay bool) error {
-	return s.raw.flushAll(delay, withDelay)
-}
-
 // Ping asks the server for its version, the cheapest request it answers.
 // An ejected server is not asked: it does not answer.
 func (s *Server) Ping() error { return s.raw.ping() }
-
-// GetForUpdate reads key's item for a read-modify-write: its value, into
-// dst grown once to its size, and its flags, CAS value and time to live.
-// found is false on a miss.
-func (s *Server) GetForUpdate(key string, dst []byte) (value []byte, it MetaItem, found bool, err error) {
-	return s.raw.getForUpdate(key, dst)
-}
-
-// StoreIfUnchanged writes value under key only if the item still has
-// it.CAS, keeping its flags and time to live. conflict reports that the
-// item changed or went away since it was read, notStored that memcached
-// refused the value, cas the CAS value of the item stored. It is never
-// sent twice: when a reply is lost the write may have happened.
-func (s *Server) StoreIfUnchanged(key string, it MetaItem, value []byte) (conflict, notStored bool, cas uint64, err error) {
-	return s.raw.storeIfUnchanged(key, it, value)
-}
 
 // DropIdle closes the server's idle connections after one of them turned
 // out broken: when a server restarts, every pooled connection is dead, and

@@ -1,33 +1,11 @@
 package sockio
 
 import (
-	"crypto/tls"
 	"net"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 )
-
-// Waiting reports whether bytes are waiting to be read in the socket
-// under nc (under its TLS session, for a TLS connection).
-func Waiting(nc net.Conn) bool {
-	if t, ok := nc.(*tls.Conn); ok {
-		nc = t.NetConn()
-	}
-	sc, ok := nc.(syscall.Conn)
-	if !ok {
-		return false
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	n := 0
-	if rc.Control(func(fd uintptr) { n, err = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }) != nil || err != nil {
-		return false
-	}
-	return n > 0
-}
 
 // Quiet reports whether the socket under nc (under its TLS session, for a
 // TLS connection) is as a connection whose last reply was read and that
