@@ -7,11 +7,10 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
+	"syscall"
 	"time"
 )
-
-// smallRead is the size of a connection's own read buffer.
-const smallRead = 4 << 10
 
 // closeLinger bounds how long the writer of a closed connection may take
 // to write what the connection held: the peer that reads nothing does not
@@ -21,13 +20,14 @@ const closeLinger = time.Second
 // Conn is a connection on a loop. Its methods must be called on the
 // loop's goroutine: in a callback, or in a task given to Execute.
 //
-// Its reader goroutine reads once each time the loop gives it a buffer
-// (next), which the loop does only while the connection is read and no
-// read is under way; its writer goroutine writes each buffer the loop
+// Its reader goroutine reads once each time the loop asks it to (next),
+// which the loop does only while the connection is read and no read is
+// under way; its writer goroutine writes each buffer the loop
 // gives it (wch), one at a time, and closes the socket once wch is closed.
 type Conn struct {
 	loop   *Loop
 	nc     net.Conn
+	rc     syscall.RawConn // nc's socket, when it has one
 	ctx    any
 	remote net.Addr
 
@@ -37,17 +37,16 @@ type Conn struct {
 	inOff int
 	fresh []byte
 
-	small   []byte      // the connection's read buffer, made at its first read
-	large   bool        // the next read goes into a large buffer (see armRead)
-	next    chan []byte // the buffer of the next read, to the reader
-	reading bool        // a read is under way
-	held    bool        // a read ended while paused: its bytes are in in
-	heldErr error       // and how it ended
+	next    chan struct{} // asks the reader for a read
+	reading bool          // a read is under way
+	held    bool          // a read ended while paused: its bytes are in in
+	heldErr error         // and how it ended
 
-	wch    chan []byte // buffers to write, to the writer
-	flight int         // bytes of the write under way
-	out    []byte      // bytes to write after those
-	spare  []byte      // a written buffer, for out to reuse
+	wch    chan []byte  // buffers to write, to the writer
+	flight int          // bytes of the write under way
+	taken  atomic.Int64 // of them, those the socket took so far
+	out    []byte       // bytes to write after those
+	spare  []byte       // a written buffer, for out to reuse
 
 	paused  bool // the socket is not read (see PauseReading)
 	ended   bool // the peer ended its side (see ReadEnder)
@@ -58,7 +57,13 @@ type Conn struct {
 func (c *Conn) Fd() int { return -1 }
 
 // OutboundBuffered is how many bytes the connection holds to write.
-func (c *Conn) OutboundBuffered() int { return c.flight + len(c.out) }
+func (c *Conn) OutboundBuffered() int {
+	n := len(c.out)
+	if c.flight > 0 {
+		n += c.flight - int(c.taken.Load())
+	}
+	return n
+}
 
 // Write writes b, in the background: it returns len(b) once it holds a
 // copy. A write that fails later closes the connection then.
@@ -94,14 +99,26 @@ func (c *Conn) startWrite() {
 	b := c.out
 	c.out, c.spare = c.spare[:0], nil
 	c.flight = len(b)
+	c.taken.Store(0)
 	c.wch <- b
 }
+
+// writePiece is the most one write of the writer takes: what the socket
+// took of a buffer is no longer counted in OutboundBuffered once each
+// piece is written, as epoll's writes are not.
+const writePiece = 64 << 10
 
 // writer writes what the loop gives it and tells the loop how each write
 // ended; once the loop closes wch, it closes the socket.
 func (c *Conn) writer() {
 	for b := range c.wch {
-		_, err := c.nc.Write(b)
+		var err error
+		for off := 0; off < len(b) && err == nil; {
+			var n int
+			n, err = c.nc.Write(b[off:min(off+writePiece, len(b))])
+			off += n
+			c.taken.Store(int64(off))
+		}
 		c.loop.post(func() { c.written(b, err) })
 	}
 	c.nc.Close()
@@ -158,57 +175,86 @@ func (c *Conn) resume() {
 	if c.InboundBuffered() > 0 && !c.traffic(nil) {
 		return
 	}
-	c.deliver(nil, nil, err)
+	c.deliver(nil, err)
 }
 
 // armRead has the reader read once, unless the connection is paused or a
-// read is under way: into the connection's small buffer, or when the last
-// read filled its buffer, into a large one of the loop's. An idle
-// connection holds only its small one.
+// read is under way.
 func (c *Conn) armRead() {
 	if c.closing || c.paused || c.ended || c.reading || c.held {
 		return
 	}
-	var buf []byte
-	if c.large {
-		buf = c.loop.takeLarge()
-	} else {
-		if c.small == nil {
-			c.small = make([]byte, min(smallRead, c.loop.bufSize))
-		}
-		buf = c.small
-	}
 	c.reading = true
-	c.next <- buf
+	c.next <- struct{}{}
 }
 
-// reader reads once for each buffer the loop gives it and hands the loop
-// what came.
+// reader reads once each time the loop asks and hands the loop what came.
 func (c *Conn) reader() {
-	for buf := range c.next {
-		n, err := c.nc.Read(buf)
+	for range c.next {
+		buf, n, err := c.read()
 		c.loop.post(func() { c.arrived(buf, n, err) })
 	}
 }
 
-// arrived handles a read's outcome on the loop.
-func (c *Conn) arrived(buf []byte, n int, err error) {
+// read reads once, into a buffer of the loop's taken only once the socket
+// is readable, as the epoll loop reads: an idle connection holds no
+// buffer, and a read takes as much as the socket holds, up to
+// Config.ReadBuffer, so that a long line arrives whole, as it would on
+// epoll. Without a socket (a net.Conn of another kind), the buffer is held
+// while the read waits.
+func (c *Conn) read() (*[]byte, int, error) {
+	bufs := &c.loop.bufs
+	if c.rc == nil {
+		buf := bufs.Get().(*[]byte)
+		n, err := c.nc.Read(*buf)
+		return buf, n, err
+	}
+	var buf *[]byte
+	var n int
+	var err error
+	rerr := c.rc.Read(func(fd uintptr) bool {
+		buf = bufs.Get().(*[]byte)
+		n, err = syscall.Read(int(fd), *buf)
+		if err == syscall.EAGAIN || err == syscall.EINTR {
+			// Nothing to read yet (Read tries once before it waits):
+			// wait without the buffer.
+			bufs.Put(buf)
+			buf = nil
+			return false
+		}
+		return true
+	})
+	switch {
+	case rerr != nil:
+		n, err = 0, rerr
+	case err != nil:
+		n, err = 0, os.NewSyscallError("read", err)
+	case n == 0:
+		err = io.EOF
+	}
+	if buf == nil {
+		buf = bufs.Get().(*[]byte)
+	}
+	return buf, n, err
+}
+
+// arrived handles a read's outcome on the loop, and gives the buffer back.
+func (c *Conn) arrived(buf *[]byte, n int, err error) {
+	defer c.loop.bufs.Put(buf)
 	c.reading = false
 	if c.closing {
 		return
 	}
-	c.large = n == len(buf) && len(buf) < c.loop.bufSize || c.large && n > len(buf)/2
-	c.deliver(buf[:n], buf, err)
+	c.deliver((*buf)[:n], err)
 }
 
 // deliver hands b to OnTraffic, in as many calls as ReadInto's buffers
 // cut it into (each takes a copy of as much as it holds, so a buffer the
 // handler gives is written to at once, not when a read ends), then ends
 // the connection's reading if err says the read failed, and reads again
-// otherwise. buf, b's buffer, goes back to the loop if it is a large one.
-func (c *Conn) deliver(b, buf []byte, err error) {
+// otherwise.
+func (c *Conn) deliver(b []byte, err error) {
 	l := c.loop
-	defer l.giveLarge(buf)
 	for len(b) > 0 {
 		if c.paused {
 			c.keepIn(b)
@@ -236,8 +282,10 @@ func (c *Conn) deliver(b, buf []byte, err error) {
 		if l.readEnd.OnReadEnd(c) == Close {
 			c.close(os.NewSyscallError("read", io.EOF))
 		}
+	case err == io.EOF:
+		c.close(os.NewSyscallError("read", io.EOF))
 	default:
-		c.close(os.NewSyscallError("read", err))
+		c.close(err)
 	}
 }
 
@@ -283,6 +331,6 @@ func (c *Conn) close(err error) {
 		c.nc.SetWriteDeadline(time.Now().Add(closeLinger))
 	}
 	close(c.wch)
-	c.in, c.inOff, c.fresh, c.small = nil, 0, nil, nil
+	c.in, c.inOff, c.fresh = nil, 0, nil
 	c.out, c.spare, c.flight = nil, nil, 0
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 )
 
 // Poller names how loops learn of their connections' bytes.
@@ -23,8 +24,7 @@ type Loop struct {
 	readEnd  ReadEnder  // h, when it is one
 	noDelay  bool
 	log      *slog.Logger
-	bufSize  int      // the size of a large read buffer
-	larges   [][]byte // large read buffers no read uses
+	bufs     sync.Pool // read buffers of ReadBuffer bytes (*[]byte)
 
 	conns map[*Conn]struct{}
 
@@ -45,32 +45,16 @@ func newLoop(cfg *Config, h Handler) (*Loop, error) {
 		h:       h,
 		noDelay: cfg.NoDelay,
 		log:     cfg.Log,
-		bufSize: cfg.ReadBuffer,
 		conns:   make(map[*Conn]struct{}),
 		wake:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
 	}
+	size := cfg.ReadBuffer
+	l.bufs.New = func() any { b := make([]byte, size); return &b }
 	l.pollEnd, _ = h.(PollEnder)
 	l.readInto, _ = h.(ReadIntoer)
 	l.readEnd, _ = h.(ReadEnder)
 	return l, nil
-}
-
-// takeLarge returns a large read buffer.
-func (l *Loop) takeLarge() []byte {
-	if n := len(l.larges); n > 0 {
-		b := l.larges[n-1]
-		l.larges = l.larges[:n-1]
-		return b
-	}
-	return make([]byte, l.bufSize)
-}
-
-// giveLarge takes back buf if it is a large read buffer, keeping a few.
-func (l *Loop) giveLarge(buf []byte) {
-	if len(buf) == l.bufSize && len(buf) > smallRead && len(l.larges) < 8 {
-		l.larges = append(l.larges, buf)
-	}
 }
 
 // Execute runs f on the loop's goroutine after what the loop is running
@@ -131,6 +115,13 @@ func (l *Loop) enroll(nc net.Conn, ctx any) (*Conn, error) {
 		}
 	}
 	c := &Conn{loop: l, nc: nc, ctx: ctx, remote: nc.RemoteAddr()}
+	if sc, ok := nc.(syscall.Conn); ok {
+		rc, err := sc.SyscallConn()
+		if err != nil {
+			return nil, err
+		}
+		c.rc = rc
+	}
 	opened := make(chan struct{})
 	if err := l.Execute(func() { l.open(c); close(opened) }); err != nil {
 		return nil, err
@@ -151,7 +142,7 @@ func (l *Loop) enroll(nc net.Conn, ctx any) (*Conn, error) {
 // open starts c's reader and writer and tells the handler.
 func (l *Loop) open(c *Conn) {
 	l.conns[c] = struct{}{}
-	c.next = make(chan []byte, 1)
+	c.next = make(chan struct{}, 1)
 	c.wch = make(chan []byte, 2)
 	go c.reader()
 	go c.writer()
