@@ -271,6 +271,22 @@ func TestJSONLogsWriteDurationsAsText(t *testing.T) {
 	}
 }
 
+// TestDeprecatedFlagStillStarts checks that --upstream-get-concurrency,
+// which deployments still pass though it no longer does anything, is
+// taken with a warning, not refused.
+func TestDeprecatedFlagStillStarts(t *testing.T) {
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	args := []string{"--upstream=127.0.0.1:1", "--upstream-get-concurrency=4", "--listen=127.0.0.1:0", "--metrics-listen="}
+	if err := run(ctx, args, &out, &out); err != nil {
+		t.Fatalf("%v: %v\n%s", args, err, out.String())
+	}
+	if !strings.Contains(out.String(), "--upstream-get-concurrency has been deprecated") {
+		t.Errorf("no deprecation warning:\n%s", out.String())
+	}
+}
+
 // refused runs the command with args and checks that it fails before it
 // serves, with a one-line error holding want.
 func refused(t *testing.T, args []string, want string) {
