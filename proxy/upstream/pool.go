@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"sync"
-	"syscall"
 	"time"
 
 	"mcsidecar/proxy/internal/sockio"
@@ -31,19 +30,12 @@ type rawPool struct {
 	closed bool
 }
 
-// upstreamReadSize is the read buffer of an upstream connection: large
-// enough that the reply to a multi-get of many values arrives in few reads
-// (a value larger than it is read straight into place). Only connections
-// in use or idle hold one, a few per server.
-const upstreamReadSize = 64 << 10
-
+// rawConn is a pooled connection, read through a counting reader.
 type rawConn struct {
-	nc    net.Conn
-	rw    *bufio.ReadWriter
-	src   *sendFirst // under rw's reader
-	out   []byte     // a batch of requests being gathered
-	lines []int      // how many retrieval lines each run of gets of it has
-	used  time.Time  // when its last use began
+	nc   net.Conn
+	rw   *bufio.ReadWriter
+	src  *countingReader // under rw's reader
+	used time.Time       // when its last use began
 }
 
 // staleAfter is how long a pooled connection sits unused before get looks
@@ -53,92 +45,19 @@ type rawConn struct {
 // before a request is written on it.
 const staleAfter = time.Millisecond
 
-// sendFirst reads an upstream connection for its bufio.Reader. A batch of
-// requests handed to it is written as the first read begins, inside the
-// wait for the socket to become readable: the read then happens once the
-// replies are there. Writing first and reading after would cost one more
-// read, which finds the socket empty while the server is still answering.
-type sendFirst struct {
+// countingReader reads a pooled connection for its bufio.Reader and
+// counts the bytes read since the connection's current use began: none
+// means no reply had begun to arrive when it failed, so that a request
+// safe to repeat may be sent again (see try).
+type countingReader struct {
 	nc  net.Conn
-	rc  syscall.RawConn // nil: not a plain socket; write, then read
-	out []byte          // to write before the next read; nil: none
-	w   *sockio.Writer  // writeNow's writes, with rc
-
-	// The read in progress, for onReadable: kept here, with the callback
-	// made once, so that a read allocates nothing.
-	turn func(fd uintptr) bool
-	p    []byte
-	n    int
-	err  error
-	sent bool
-
-	// got counts the bytes read since the connection's current use
-	// began: none means no reply had begun to arrive when it failed.
 	got int
 }
 
-func newSendFirst(nc net.Conn) *sendFirst {
-	s := &sendFirst{nc: nc, rc: sockio.RawConnOf(nc)}
-	s.turn = s.onReadable
-	if s.rc != nil {
-		s.w = sockio.NewWriter(s.rc)
-	}
-	return s
-}
-
-func (s *sendFirst) Read(p []byte) (int, error) {
-	if s.rc == nil {
-		if err := s.writeNow(); err != nil {
-			return 0, err
-		}
-		n, err := s.nc.Read(p)
-		s.got += n
-		return n, err
-	}
-	s.p, s.n, s.err, s.sent = p, 0, nil, s.out == nil
-	err := s.rc.Read(s.turn)
-	s.p, s.out = nil, nil
-	if s.err != nil {
-		return 0, s.err
-	}
-	if err != nil {
-		return 0, err
-	}
-	s.got += s.n
-	return s.n, nil
-}
-
-// onReadable is the callback of the wait. Its first call writes the batch
-// (the wait has begun: no readiness the replies raise is lost) and waits;
-// later ones read.
-func (s *sendFirst) onReadable(fd uintptr) bool {
-	if !s.sent {
-		s.sent = true
-		s.err = s.writeNow()
-		return s.err != nil
-	}
-	n, again, err := sockio.Read(int(fd), s.p)
-	if again {
-		return false
-	}
-	s.n, s.err = n, err
-	return true
-}
-
-// writeNow writes the batch: at once, or as the first read begins. A
-// batch larger than the socket's send buffer waits for room.
-func (s *sendFirst) writeNow() error {
-	out := s.out
-	s.out = nil
-	if out == nil {
-		return nil
-	}
-	if s.rc == nil {
-		_, err := s.nc.Write(out)
-		return err
-	}
-	_, err := s.w.WriteOne(out)
-	return err
+func (r *countingReader) Read(p []byte) (int, error) {
+	n, err := r.nc.Read(p)
+	r.got += n
+	return n, err
 }
 
 var errUnexpectedReply = errors.New("unexpected reply from upstream")
@@ -209,8 +128,8 @@ func (p *rawPool) get() (c *rawConn, reused bool, err error) {
 	if err != nil {
 		return nil, false, err
 	}
-	src := newSendFirst(nc)
-	return &rawConn{nc: nc, src: src, rw: bufio.NewReadWriter(bufio.NewReaderSize(src, upstreamReadSize), bufio.NewWriterSize(nc, 4<<10))}, false, nil
+	src := &countingReader{nc: nc}
+	return &rawConn{nc: nc, src: src, rw: bufio.NewReadWriter(bufio.NewReaderSize(src, 512), bufio.NewWriterSize(nc, 512))}, false, nil
 }
 
 // run runs fn on c under one deadline and pools c again if fn succeeded.

@@ -4,91 +4,77 @@ import (
 	"bytes"
 	"io"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 )
 
-// TestRawWriterWaitsForRoomAndWritesEveryByte writes more than a socket
-// buffer holds, in pieces of odd sizes, to a peer that starts reading only
-// later: the writer must meet EAGAIN, wait for room, and go on where it
-// stopped, inside a piece as well as between pieces.
-func TestRawWriterWaitsForRoomAndWritesEveryByte(t *testing.T) {
+// TestWriteSomeTakesWhatTheSocketTakesAndKeepsTheRest writes more than a
+// socket buffer holds, in pieces of odd sizes, to a peer that reads only
+// later: WriteSome must stop at EAGAIN without waiting, hand back the rest
+// (inside a piece as well as between pieces), and, called again as the
+// peer reads, deliver every byte in order.
+func TestWriteSomeTakesWhatTheSocketTakesAndKeepsTheRest(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	got := make(chan []byte, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			got <- nil
-			return
-		}
-		defer c.Close()
-		time.Sleep(100 * time.Millisecond) // let the sender fill the buffers
-		b, _ := io.ReadAll(c)
-		got <- b
-	}()
-	nc, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc := RawConnOf(nc)
-	if rc == nil {
-		t.Fatal("a TCP connection has no raw socket")
-	}
-	var want []byte
-	var pieces [][]byte
-	for i, n := range []int{3, 5 << 20, 1, 70001, 0, 3 << 20} {
-		p := bytes.Repeat([]byte{byte('a' + i)}, n)
-		pieces = append(pieces, p)
-		want = append(want, p...)
-	}
-	w := NewWriter(rc)
-	n, err := w.Write(pieces)
-	if err != nil || n != int64(len(want)) {
-		t.Fatalf("wrote %d of %d bytes: %v", n, len(want), err)
-	}
-	if n, err := w.WriteOne([]byte("end")); err != nil || n != 3 {
-		t.Fatalf("WriteOne wrote %d bytes: %v", n, err)
-	}
-	nc.Close()
-	b := <-got
-	if !bytes.Equal(b, append(want, "end"...)) {
-		t.Fatalf("the peer read %d bytes, not the %d written in order", len(b), len(want)+3)
-	}
-}
-
-// TestRawWriterHonoursTheWriteDeadline: a peer that never reads makes the
-// write end at its deadline, not hang.
-func TestRawWriterHonoursTheWriteDeadline(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			<-done
-			c.Close()
-		}
-	}()
 	nc, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	nc.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
-	start := time.Now()
-	n, err := NewWriter(RawConnOf(nc)).WriteOne(make([]byte, 64<<20))
-	if err == nil || n >= 64<<20 {
-		t.Fatalf("wrote %d bytes to a peer that reads nothing, err %v", n, err)
+	peer, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if took := time.Since(start); took > 5*time.Second {
-		t.Errorf("the write ended after %v with a 200ms deadline", took)
+	defer peer.Close()
+	nc.(*net.TCPConn).SetWriteBuffer(16 << 10)
+	peer.(*net.TCPConn).SetReadBuffer(16 << 10)
+
+	var want []byte
+	var bufs [][]byte
+	for i := range 200 {
+		piece := bytes.Repeat([]byte{byte('a' + i%26)}, 7919+i*31)
+		want = append(want, piece...)
+		bufs = append(bufs, piece)
+	}
+	rc, err := nc.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var iov []syscall.Iovec
+	writeSome := func() (n int) {
+		var werr error
+		rc.Control(func(fd uintptr) { bufs, n, iov, werr = WriteSome(int(fd), bufs, iov) })
+		if werr != nil {
+			t.Fatal(werr)
+		}
+		return n
+	}
+	first := writeSome()
+	if first == 0 || len(bufs) == 0 {
+		t.Fatalf("the first call wrote %d bytes and left %d pieces: want some written and some left", first, len(bufs))
+	}
+	got := make(chan []byte)
+	go func() {
+		peer.SetReadDeadline(time.Now().Add(20 * time.Second))
+		b, _ := io.ReadAll(io.LimitReader(peer, int64(len(want))))
+		got <- b
+	}()
+	total := first
+	for deadline := time.Now().Add(20 * time.Second); len(bufs) > 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d bytes written after 20 s", total, len(want))
+		}
+		total += writeSome()
+		time.Sleep(time.Millisecond)
+	}
+	if total != len(want) {
+		t.Fatalf("WriteSome counted %d bytes, want %d", total, len(want))
+	}
+	if b := <-got; !bytes.Equal(b, want) {
+		t.Fatalf("the peer read %d bytes, not what was written (%d)", len(b), len(want))
 	}
 }
