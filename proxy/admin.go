@@ -13,31 +13,31 @@ import (
 // take, a key the proxy refuses, a bad exptime or delta; otherwise the key
 // is one no server can hold, which is not found.
 func (c *conn) refuseKeyCommand(id int, w [][]byte) {
-	if id != cmdDelete || len(w) > 2 {
-		c.noreply = bytes.Equal(w[len(w)-1], noreplyWord)
+	if id != wire.CmdDelete || len(w) > 2 {
+		c.noreply = bytes.Equal(w[len(w)-1], wire.NoreplyWord)
 	}
-	if id == cmdDelete && !deleteForm(w) {
-		c.clientError(id, replyBadDeleteUsage)
+	if id == wire.CmdDelete && !deleteForm(w) {
+		c.clientError(id, wire.LineBadDeleteUsage)
 		return
 	}
 	if !c.validKey(w[1]) {
-		c.clientError(id, replyBadFormat)
+		c.clientError(id, wire.LineBadFormat)
 		return
 	}
 	switch id {
-	case cmdTouch:
+	case wire.CmdTouch:
 		if _, ok := wire.ParseInt32(w[2]); !ok {
-			c.clientError(id, replyBadExptime)
+			c.clientError(id, wire.LineBadExptime)
 			return
 		}
-	case cmdIncr, cmdDecr:
+	case wire.CmdIncr, wire.CmdDecr:
 		if _, ok := wire.ParseUint64(w[2]); !ok {
-			c.clientError(id, replyBadDelta)
+			c.clientError(id, wire.LineBadDelta)
 			return
 		}
 	}
 	c.p.stats.record(id, outcomeNotFound)
-	c.reply(replyNotFound)
+	c.reply(wire.LineNotFound)
 }
 
 // appendKeyCommand appends "<verb><key>[ <arg>]\r\n"; verb ends in a
@@ -49,21 +49,21 @@ func appendKeyCommand(dst []byte, verb, key string, arg []byte) []byte {
 		dst = append(dst, ' ')
 		dst = append(dst, arg...)
 	}
-	return append(dst, crlf...)
+	return append(dst, wire.CRLF...)
 }
 
 // deleteForm reports whether delete's words are a form memcached takes:
 // the key, then "0" (the old hold time), noreply, or both in that order.
 func deleteForm(w [][]byte) bool {
 	holdZero := len(w) > 2 && bytes.Equal(w[2], []byte("0"))
-	noreply := bytes.Equal(w[len(w)-1], noreplyWord)
+	noreply := bytes.Equal(w[len(w)-1], wire.NoreplyWord)
 	return len(w) == 2 || len(w) == 3 && (holdZero || noreply) || len(w) == 4 && holdZero && noreply
 }
 
 // parseFlushAll reads flush_all's words: an optional delay, then an
 // optional noreply. ok is false for a delay memcached does not take.
 func parseFlushAll(w [][]byte) (delay int32, withDelay, noreply, ok bool) {
-	noreply = bytes.Equal(w[len(w)-1], noreplyWord)
+	noreply = bytes.Equal(w[len(w)-1], wire.NoreplyWord)
 	want := 1
 	if noreply {
 		want = 2
@@ -76,21 +76,21 @@ func parseFlushAll(w [][]byte) (delay int32, withDelay, noreply, ok bool) {
 }
 
 // version names the proxy.
-func (c *conn) version([][]byte) {
-	c.p.stats.record(cmdVersion, outcomeOK)
+func (c *conn) version() {
+	c.p.stats.record(wire.CmdVersion, outcomeOK)
 	c.reply([]byte("VERSION " + c.p.version + "\r\n"))
 }
 
 // verbosity is accepted and answered as memcached does; the proxy's own
 // log level is a flag.
 func (c *conn) verbosity(w [][]byte) {
-	c.noreply = bytes.Equal(w[len(w)-1], noreplyWord)
+	c.noreply = bytes.Equal(w[len(w)-1], wire.NoreplyWord)
 	if _, ok := wire.ParseUint32(w[1]); !ok {
-		c.clientError(cmdVerbosity, replyBadFormat)
+		c.clientError(wire.CmdVerbosity, wire.LineBadFormat)
 		return
 	}
-	c.p.stats.record(cmdVerbosity, outcomeOK)
-	c.reply(replyOK)
+	c.p.stats.record(wire.CmdVerbosity, outcomeOK)
+	c.reply(wire.LineOK)
 }
 
 // stats answers the proxy's own counters; "stats reset" zeroes them,
@@ -110,7 +110,7 @@ func (c *conn) stats(w [][]byte) {
 		c.scratch = c.p.stats.appendStats(c.scratch[:0], c.p)
 	case "reset":
 		c.p.stats.reset()
-		c.scratch = append(c.scratch[:0], replyReset...)
+		c.scratch = append(c.scratch[:0], wire.LineReset...)
 	case "settings":
 		c.scratch = c.p.appendSettings(c.scratch[:0])
 	case "conns":
@@ -118,14 +118,14 @@ func (c *conn) stats(w [][]byte) {
 	case "slabs":
 		c.scratch = append(c.scratch[:0], "STAT active_slabs 0\r\nSTAT total_malloced 0\r\nEND\r\n"...)
 	case "items":
-		c.scratch = append(c.scratch[:0], replyEnd...)
+		c.scratch = append(c.scratch[:0], wire.LineEnd...)
 	case "sizes":
 		c.scratch = append(c.scratch[:0], "STAT sizes_status disabled\r\nEND\r\n"...)
 	default:
-		c.clientError(cmdStats, replyError)
+		c.clientError(wire.CmdStats, wire.LineError)
 		return
 	}
-	c.p.stats.record(cmdStats, outcomeOK)
+	c.p.stats.record(wire.CmdStats, outcomeOK)
 	c.wr.Write(c.scratch)
 }
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"mcsidecar/proxy/internal/wire"
 	"net"
 	"strconv"
 	"strings"
@@ -26,14 +27,14 @@ func parseOne(req []byte, words [][]byte) ([][]byte, error) {
 	if i < 0 {
 		return words, fmt.Errorf("no line in %q", req)
 	}
-	line := commandLine(req[:i])
-	cmd, words, v := parseLine(words, line)
-	if v != verdictRun {
+	line := wire.CommandLine(req[:i])
+	cmd, words, v := wire.ParseLine(words, line)
+	if v != wire.VerdictRun {
 		return words, fmt.Errorf("verdict %d for %q", v, line)
 	}
-	if cmd.id == cmdSet {
-		a := parseStoreArgs(words, false)
-		if !a.ok || len(req)-(i+1) < a.vlen+2 {
+	if cmd.ID == wire.CmdSet {
+		a := wire.ParseStoreArgs(words, false)
+		if !a.OK || len(req)-(i+1) < a.Vlen+2 {
 			return words, fmt.Errorf("bad set %q", req)
 		}
 	}
@@ -47,7 +48,7 @@ func BenchmarkParse(b *testing.B) {
 	for _, r := range parseRequests {
 		b.Run(r.name, func(b *testing.B) {
 			req := []byte(r.req)
-			words := make([][]byte, 0, maxTokens)
+			words := make([][]byte, 0, wire.MaxTokens)
 			b.ReportAllocs()
 			b.SetBytes(int64(len(r.req)))
 			for b.Loop() {
@@ -63,7 +64,7 @@ func BenchmarkParse(b *testing.B) {
 func TestParsingAllocatesNothing(t *testing.T) {
 	for _, r := range parseRequests {
 		req := []byte(r.req)
-		words := make([][]byte, 0, maxTokens)
+		words := make([][]byte, 0, wire.MaxTokens)
 		// Warm up: the 100-key line grows words once.
 		for range 3 {
 			words, _ = parseOne(req, words)
@@ -261,6 +262,6 @@ func BenchmarkLatencyObserve(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		start := time.Now()
-		st.latency[cmdGet].Observe(time.Since(start).Seconds())
+		st.latency[wire.CmdGet].Observe(time.Since(start).Seconds())
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"mcsidecar/codec"
 	"mcsidecar/keyspace"
+	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -191,12 +192,12 @@ func (c *Config) Validate() error {
 		// Raising it quietly would accept values the operator meant to
 		// refuse; which of the two is wrong only the operator knows.
 		return fmt.Errorf("--max-value-size %d is below --max-item-size %d: give a --max-value-size of at least %d, or a smaller --max-item-size", c.MaxValueSize, c.MaxItemSize, c.MaxItemSize)
-	case c.MaxRequestLine < lineLimit:
-		return fmt.Errorf("--max-request-line %d: must be at least %d", c.MaxRequestLine, lineLimit)
-	case c.Keys != nil && int(c.MaxRequestLine) < keyedLineMax(c.Keys.MaxClientLength):
+	case c.MaxRequestLine < wire.LineLimit:
+		return fmt.Errorf("--max-request-line %d: must be at least %d", c.MaxRequestLine, wire.LineLimit)
+	case c.Keys != nil && int(c.MaxRequestLine) < wire.KeyedLineMax(c.Keys.MaxClientLength):
 		// A get of one key as long as clients may send would be cut off.
 		return fmt.Errorf("--max-request-line %d is shorter than a line holding a key of --key-max-client-length %d: give at least %d, or a smaller --key-max-client-length",
-			c.MaxRequestLine, c.Keys.MaxClientLength, keyedLineMax(c.Keys.MaxClientLength))
+			c.MaxRequestLine, c.Keys.MaxClientLength, wire.KeyedLineMax(c.Keys.MaxClientLength))
 	case c.MaxConnections < 0:
 		return errors.New("--max-connections must not be negative")
 	case c.IdleTimeout < 0:

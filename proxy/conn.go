@@ -10,12 +10,12 @@ import (
 	"time"
 
 	"mcsidecar/keyspace"
+	"mcsidecar/proxy/internal/wire"
 )
 
 const (
 	readBufferSize  = 16 << 10 // memcached's own READ_BUFFER_SIZE
 	writeBufferSize = 16 << 10
-	keyMaxLength    = 250 // memcached's KEY_MAX_LENGTH
 )
 
 // conn is one client connection. Everything it needs per request is kept
@@ -71,7 +71,7 @@ type metaState struct {
 
 func newConn(p *Proxy, nc net.Conn) *conn {
 	c := &conn{p: p, nc: nc, id: p.connIDs.Add(1), accepted: time.Now().UnixNano()}
-	c.words = make([][]byte, 0, maxTokens)
+	c.words = make([][]byte, 0, wire.MaxTokens)
 	return c
 }
 
@@ -120,13 +120,13 @@ func (c *conn) reply(b []byte) {
 // replyNumber writes a decimal number line, as incr and decr answer.
 func (c *conn) replyNumber(n uint64) {
 	c.scratch = strconv.AppendUint(c.scratch[:0], n, 10)
-	c.scratch = append(c.scratch, crlf...)
+	c.scratch = append(c.scratch, wire.CRLF...)
 	c.reply(c.scratch)
 }
 
 // appendValueHeader appends "VALUE <key> <flags> <bytes>[ <cas>]\r\n".
 func appendValueHeader(b []byte, key string, flags uint32, size int, cas uint64, withCAS bool) []byte {
-	b = append(b, replyValue...)
+	b = append(b, wire.LineValue...)
 	b = append(b, key...)
 	b = append(b, ' ')
 	b = strconv.AppendUint(b, uint64(flags), 10)
@@ -136,7 +136,7 @@ func appendValueHeader(b []byte, key string, flags uint32, size int, cas uint64,
 		b = append(b, ' ')
 		b = strconv.AppendUint(b, cas, 10)
 	}
-	return append(b, crlf...)
+	return append(b, wire.CRLF...)
 }
 
 // answer relays memcached's reply line to a command, counted by its
@@ -146,15 +146,4 @@ func (c *conn) answer(id int, line []byte) outcome {
 	c.p.stats.record(id, oc)
 	c.reply(line)
 	return oc
-}
-
-// forwardable reports whether the upstream client can carry key as it is:
-// gomemcache refuses control bytes, spaces and DEL.
-func forwardable(key []byte) bool {
-	for _, b := range key {
-		if b <= ' ' || b == 0x7f {
-			return false
-		}
-	}
-	return true
 }

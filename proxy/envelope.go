@@ -69,19 +69,19 @@ func appendCreate(dst []byte, k string, size int, flags uint32, exptime int64) [
 // joinOp is the read-modify-write of append or prepend (id) of data.
 func (c *conn) joinOp(id int, data []byte) rmw {
 	return rmw{
-		missing: c.answerMissing(id, replyNotStored, outcomeNotStored),
+		missing: c.answerMissing(id, wire.LineNotStored, outcomeNotStored),
 		change: func(old []byte, _ *upstream.MetaItem) (bool, error) {
-			c.join(id == cmdAppend, old, data)
+			c.join(id == wire.CmdAppend, old, data)
 			return true, nil
 		},
 		stored: func(notStored bool, _ uint64) (bool, error) {
 			if notStored {
 				c.p.stats.record(id, outcomeNotStored)
-				c.reply(replyNotStored)
+				c.reply(wire.LineNotStored)
 				return true, nil
 			}
 			c.p.stats.record(id, outcomeStored)
-			c.reply(replyStored)
+			c.reply(wire.LineStored)
 			return true, nil
 		},
 	}
@@ -91,11 +91,11 @@ func (c *conn) joinOp(id int, data []byte) rmw {
 func (c *conn) arithOp(id int, incr bool, delta uint64) rmw {
 	var n uint64
 	return rmw{
-		missing: c.answerMissing(id, replyNotFound, outcomeNotFound),
+		missing: c.answerMissing(id, wire.LineNotFound, outcomeNotFound),
 		change: func(old []byte, _ *upstream.MetaItem) (bool, error) {
 			var ok bool
 			if n, ok = c.count(old, incr, delta); !ok {
-				return false, c.clientError(id, replyNonNumeric)
+				return false, c.clientError(id, wire.LineNonNumeric)
 			}
 			return true, nil
 		},

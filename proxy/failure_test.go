@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"mcsidecar/proxy/internal/wire"
 	"net"
 	"strconv"
 	"strings"
@@ -358,7 +359,7 @@ func oneOfThreeKilled(t *testing.T, failureLimit int) {
 				t.Fatalf("%q: unexpected line %q", short(req), line)
 			}
 			data := make([]byte, size+2)
-			if _, err := io.ReadFull(br, data); err != nil || !bytes.HasSuffix(data, crlf) {
+			if _, err := io.ReadFull(br, data); err != nil || !bytes.HasSuffix(data, wire.CRLF) {
 				t.Fatalf("%q: bad data block for %s", short(req), k)
 			}
 			want, ok := values[k]

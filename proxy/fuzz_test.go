@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mcsidecar/proxy/internal/wire"
 	"net"
 	"os"
 	"slices"
@@ -58,7 +59,7 @@ func FuzzProxy(f *testing.F) {
 		reply, err := converse(addr, input, 5*time.Second)
 		switch {
 		case err == nil:
-			if n := len(reply.tail); n > 0 && !bytes.HasSuffix(reply.tail, crlf) {
+			if n := len(reply.tail); n > 0 && !bytes.HasSuffix(reply.tail, wire.CRLF) {
 				t.Errorf("reply of %d bytes ends mid-line: …%q", reply.total, reply.tail)
 			}
 			if reply.all != nil {
@@ -169,7 +170,7 @@ func checkReplies(reply, input []byte) error {
 				return fmt.Errorf("VA line %q at offset %d has no size", line, off)
 			}
 			n, _ := strconv.Atoi(string(f[1]))
-			if next+n+2 > len(reply) || !bytes.Equal(reply[next+n:next+n+2], crlf) {
+			if next+n+2 > len(reply) || !bytes.Equal(reply[next+n:next+n+2], wire.CRLF) {
 				return fmt.Errorf("VA line %q at offset %d is not followed by %d bytes and CRLF", line, off, n)
 			}
 			next += n + 2
@@ -186,7 +187,7 @@ func checkReplies(reply, input []byte) error {
 				return fmt.Errorf("VALUE line %q at offset %d has a malformed number", line, off)
 			}
 			n, _ := strconv.Atoi(string(f[3]))
-			if next+n+2 > len(reply) || !bytes.Equal(reply[next+n:next+n+2], crlf) {
+			if next+n+2 > len(reply) || !bytes.Equal(reply[next+n:next+n+2], wire.CRLF) {
 				return fmt.Errorf("VALUE line %q at offset %d is not followed by %d bytes and CRLF", line, off, n)
 			}
 			next += n + 2

@@ -1,6 +1,9 @@
 package proxy
 
-import "mcsidecar/keyspace"
+import (
+	"mcsidecar/keyspace"
+	"mcsidecar/proxy/internal/wire"
+)
 
 // numSteps is the number of keyspace.Step values, StepNone included: the
 // stride of the rewrite counters, one row per scheme.
@@ -29,17 +32,17 @@ func (c *conn) validMetaKey(m *metaReq) bool {
 
 // checkMetaKey is validMetaKey without counting a refusal.
 func (c *conn) checkMetaKey(m *metaReq) (bool, keyspace.Reason) {
-	if m.bin && c.p.keys != nil {
-		return c.p.keys.CheckBinary(m.key)
+	if m.Bin && c.p.keys != nil {
+		return c.p.keys.CheckBinary(m.Key)
 	}
-	return c.checkKey(m.key)
+	return c.checkKey(m.Key)
 }
 
 // checkKey is validKey without counting a refusal: whether the proxy takes
 // key, and with key settings why not.
 func (c *conn) checkKey(key []byte) (bool, keyspace.Reason) {
 	if c.p.keys == nil {
-		return len(key) <= keyMaxLength, 0
+		return len(key) <= wire.KeyMaxLength, 0
 	}
 	return c.p.keys.Check(key)
 }
@@ -115,7 +118,7 @@ func (c *conn) lookup(key []byte, need uint8) resolvedKey {
 		r.postings, postings = true, false
 	}
 	if ks == nil {
-		r.ok = forwardable(key)
+		r.ok = wire.Forwardable(key)
 		return r
 	}
 	tenant := need&needTenant != 0 && c.p.tenants != nil

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"mcsidecar/proxy/internal/wire"
 	"net"
 	"time"
 )
@@ -19,6 +20,6 @@ func (p *Proxy) overLimit() bool {
 func (p *Proxy) refuse(nc net.Conn) {
 	p.stats.connsRefused.Add(1)
 	nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-	nc.Write(replyTooManyConns)
+	nc.Write(wire.LineTooManyConns)
 	nc.Close()
 }

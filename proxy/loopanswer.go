@@ -277,7 +277,7 @@ func (s *loopSlot) complete() {
 func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 	p := s.client.c.p
 	st := p.stats
-	if s.id == cmdFlushAll {
+	if s.id == wire.CmdFlushAll {
 		s.flushedOne(r, reply, err)
 		return
 	}
@@ -288,7 +288,7 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 		s.modified(r, reply, err)
 		return
 	}
-	if s.id == cmdMetaGet || s.id == cmdMetaDebug {
+	if s.id == wire.CmdMetaGet || s.id == wire.CmdMetaDebug {
 		s.metaGot(r, reply, err)
 		return
 	}
@@ -322,7 +322,7 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 			}
 		}
 		reply, err = answer.buf, answer.err
-		if s.kind == cmdAdd && err == nil {
+		if s.kind == wire.CmdAdd && err == nil {
 			reply = s.addHeld(reply)
 		}
 	}
@@ -399,8 +399,8 @@ func (s *loopSlot) matchMeta(r *loopReq) {
 		o := &s.owners[i]
 		j := bytes.IndexByte(b, '\n')
 		line := b[:j+1]
-		if !bytes.HasPrefix(line, metaValue) {
-			if !bytes.Equal(line, metaMiss) {
+		if !bytes.HasPrefix(line, wire.LineMetaValue) {
+			if !bytes.Equal(line, wire.LineMetaMiss) {
 				o.err = fmt.Errorf("mg: memcached replied: %q", line)
 			}
 			b = b[j+1:]
@@ -423,7 +423,7 @@ func (s *loopSlot) answer() {
 	st := p.stats
 	if s.refuse {
 		st.record(s.id, outcomeClientError)
-		s.out = append(s.out, replyBadFormat)
+		s.out = append(s.out, wire.LineBadFormat)
 		return
 	}
 	oc := outcomeOK
@@ -461,14 +461,14 @@ func (s *loopSlot) answer() {
 		if hit {
 			s.out = append(s.out, block)
 			if src.inPlace {
-				s.out = append(s.out, src.view, crlf)
+				s.out = append(s.out, src.view, wire.CRLF)
 			}
 		}
 		tally.add(o.tenant, hit)
 	}
 	tally.flush(st)
 	st.record(s.id, oc)
-	s.out = append(s.out, replyEnd)
+	s.out = append(s.out, wire.LineEnd)
 }
 
 // failed returns the first key whose last zone asked failed, which was not
@@ -486,7 +486,7 @@ func (s *loopSlot) failed() *loopOwner {
 // slot's arena: opened, its CAS dropped, or an mg reply made a VALUE block.
 func (s *loopSlot) rewritten(o *loopOwner) bool {
 	p := s.client.c.p
-	return o.first == 0 && o.block != nil && (o.meta || o.bound || p.codec != nil && p.codec.IsEnveloped(o.flags) || o.hasCAS && s.id == cmdGet)
+	return o.first == 0 && o.block != nil && (o.meta || o.bound || p.codec != nil && p.codec.IsEnveloped(o.flags) || o.hasCAS && s.id == wire.CmdGet)
 }
 
 // openNeed is the arena room the blocks written anew need, or 0 when the
@@ -533,7 +533,7 @@ func (s *loopSlot) open(i int, o *loopOwner) bool {
 	if p.codec == nil || !p.codec.IsEnveloped(o.flags) {
 		// A plain value whose header names a CAS the client's get did
 		// not ask for, or an mg reply.
-		s.inArena(o, key, o.flags, stored, o.cas, s.id == cmdGets || s.id == cmdGats)
+		s.inArena(o, key, o.flags, stored, o.cas, s.id == wire.CmdGets || s.id == wire.CmdGats)
 		s.keep(i, o, key, o.flags, stored)
 		return true
 	}
@@ -545,7 +545,7 @@ func (s *loopSlot) open(i int, o *loopOwner) bool {
 	start := len(s.arena)
 	n, flags, ok := p.codec.DecodedLen(o.flags, stored)
 	if ok {
-		s.arena = appendValueHeader(s.arena, string(key), flags, n, o.cas, s.id == cmdGets || s.id == cmdGats)
+		s.arena = appendValueHeader(s.arena, string(key), flags, n, o.cas, s.id == wire.CmdGets || s.id == wire.CmdGats)
 	}
 	at := len(s.arena)
 	out, decFlags, inPlace, err := p.codec.AppendDecodeInPlace(s.arena, key, o.bound, o.flags, stored)
@@ -567,7 +567,7 @@ func (s *loopSlot) open(i int, o *loopOwner) bool {
 	if inPlace {
 		o.view, o.inPlace, v = out, true, out
 	} else {
-		s.arena = append(out, crlf...)
+		s.arena = append(out, wire.CRLF...)
 		v = s.arena[at : at+n]
 	}
 	o.arenaStart, o.arenaEnd = start, len(s.arena)
@@ -598,7 +598,7 @@ func (s *loopSlot) reserve(need int) {
 // its VALUE line and the value, decoded when enveloped.
 func (s *loopSlot) arenaNeed(i int, o *loopOwner) int {
 	p := s.client.c.p
-	line := len(replyValue) + len(s.key(i)) + 3*20 + 4 + len(crlf)
+	line := len(wire.LineValue) + len(s.key(i)) + 3*20 + 4 + len(wire.CRLF)
 	if p.codec != nil {
 		if n, _, ok := p.codec.DecodedLen(o.flags, o.stored()); ok {
 			return line + n
@@ -621,7 +621,7 @@ func (s *loopSlot) inArena(o *loopOwner, key []byte, flags uint32, v []byte, cas
 	o.arenaStart = len(s.arena)
 	s.arena = appendValueHeader(s.arena, string(key), flags, len(v), cas, withCAS)
 	s.arena = append(s.arena, v...)
-	s.arena = append(s.arena, crlf...)
+	s.arena = append(s.arena, wire.CRLF...)
 	o.arenaEnd = len(s.arena)
 }
 
@@ -636,5 +636,5 @@ func (s *loopSlot) deleteCorrupt(zone int, key []byte) {
 	}
 	u.out = append(u.out, "delete "...)
 	u.out = append(u.out, key...)
-	u.out = append(u.out, crlf...)
+	u.out = append(u.out, wire.CRLF...)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"mcsidecar/proxy/evloop"
+	"mcsidecar/proxy/internal/wire"
 )
 
 // loopClient is one client connection on a loop.
@@ -367,14 +368,14 @@ func (lc *loopClient) heldBehind(id int) bool {
 	}
 	// Nothing is read after such a write while it is in flight: it is
 	// the last slot.
-	if s := lc.slots[len(lc.slots)-1]; s.pending > 0 && (p.zoneByZone(s.kind) || s.kind == cmdAdd) {
+	if s := lc.slots[len(lc.slots)-1]; s.pending > 0 && (p.zoneByZone(s.kind) || s.kind == wire.CmdAdd) {
 		return true
 	}
-	if id == cmdGet || id == cmdGets || id == cmdMetaGet || id == cmdVersion {
+	if id == wire.CmdGet || id == wire.CmdGets || id == wire.CmdMetaGet || id == wire.CmdVersion {
 		return false
 	}
 	for _, s := range lc.slots {
-		if s.pending > 0 && (s.id == cmdGet || s.id == cmdGets || s.id == cmdMetaGet || s.touch) {
+		if s.pending > 0 && (s.id == wire.CmdGet || s.id == wire.CmdGets || s.id == wire.CmdMetaGet || s.touch) {
 			return true
 		}
 	}
@@ -429,78 +430,84 @@ func (lc *loopClient) request(data []byte) int {
 	c := lc.c
 	i := bytes.IndexByte(data, '\n')
 	if i < 0 {
-		if unframed(data, c.p.keyLine) || len(data) >= int(c.p.cfg.MaxRequestLine) {
+		if wire.Unframed(data, c.p.keyLine) || len(data) >= int(c.p.cfg.MaxRequestLine) {
 			// As memcached does: the replies owed are written, and the
 			// connection closed.
-			c.p.log.Warn("client connection closed", "remote", remoteOf(lc.gc), "err", errLineTooLong)
+			c.p.log.Warn("client connection closed", "remote", remoteOf(lc.gc), "err", wire.ErrLineTooLong)
 			lc.quit = true
 		}
 		return 0
 	}
-	cmd, words, v := parseLine(c.words, commandLine(data[:i]))
+	cmd, words, v := wire.ParseLine(c.words, wire.CommandLine(data[:i]))
 	c.words = words
 	switch v {
-	case verdictClose:
+	case wire.VerdictClose:
 		// memcached hangs up without the replies to the commands read
 		// with it, or to it: those before them are written first.
 		lc.hangUp, lc.quit = true, true
 		return 0
-	case verdictUnknown:
-		lc.local(cmdUnknown, func() { c.clientError(cmdUnknown, replyError) })
+	case wire.VerdictUnknown:
+		lc.local(wire.CmdUnknown, func() { c.clientError(wire.CmdUnknown, wire.LineError) })
 		return i + 1
-	case verdictBadArgs:
-		lc.local(cmd.id, func() { c.clientError(cmd.id, replyError) })
+	case wire.VerdictBadArgs:
+		lc.local(cmd.ID, func() { c.clientError(cmd.ID, wire.LineError) })
 		return i + 1
 	}
-	if lc.heldBehind(cmd.id) {
+	if lc.heldBehind(cmd.ID) {
 		return 0 // parsed again once the replies owed are written
 	}
-	switch cmd.id {
-	case cmdGet, cmdGets:
+	switch cmd.ID {
+	case wire.CmdGet, wire.CmdGets:
 		if lc.outputFull(len(words) - 1) {
 			return 0 // parsed again once the client has read
 		}
-		lc.retrieve(cmd.id, words[1:])
+		lc.retrieve(cmd.ID, words[1:])
 		return i + 1
-	case cmdGat, cmdGats:
+	case wire.CmdGat, wire.CmdGats:
 		if lc.outputFull(len(words) - 2) {
 			return 0 // parsed again once the client has read
 		}
-		lc.getAndTouch(cmd.id, words)
+		lc.getAndTouch(cmd.ID, words)
 		return i + 1
-	case cmdSet, cmdAdd, cmdReplace, cmdAppend, cmdPrepend, cmdCas:
-		return lc.store(cmd.id, words, data, i+1)
-	case cmdDelete, cmdTouch, cmdIncr, cmdDecr:
-		lc.keyCommand(cmd.id, words)
+	case wire.CmdSet, wire.CmdAdd, wire.CmdReplace, wire.CmdAppend, wire.CmdPrepend, wire.CmdCas:
+		return lc.store(cmd.ID, words, data, i+1)
+	case wire.CmdDelete, wire.CmdTouch, wire.CmdIncr, wire.CmdDecr:
+		lc.keyCommand(cmd.ID, words)
 		return i + 1
-	case cmdMetaGet:
+	case wire.CmdMetaGet:
 		if lc.outputFull(1) {
 			return 0 // parsed again once the client has read
 		}
-		lc.metaGet(cmd.id, words)
+		lc.metaGet(cmd.ID, words)
 		return i + 1
-	case cmdMetaDebug:
-		lc.metaGet(cmd.id, words)
+	case wire.CmdMetaDebug:
+		lc.metaGet(cmd.ID, words)
 		return i + 1
-	case cmdMetaDelete:
+	case wire.CmdMetaDelete:
 		lc.metaDelete(words)
 		return i + 1
-	case cmdMetaArithmetic:
+	case wire.CmdMetaArithmetic:
 		lc.metaArithmetic(words)
 		return i + 1
-	case cmdMetaSet:
+	case wire.CmdMetaSet:
 		return lc.metaSet(words, data, i+1)
-	case cmdVersion, cmdVerbosity, cmdMetaNoop:
-		lc.local(cmd.id, func() { cmd.local(c, words) })
+	case wire.CmdVersion:
+		lc.local(cmd.ID, func() { c.version() })
 		return i + 1
-	case cmdStats:
+	case wire.CmdVerbosity:
+		lc.local(cmd.ID, func() { c.verbosity(words) })
+		return i + 1
+	case wire.CmdMetaNoop:
+		lc.local(cmd.ID, func() { c.metaNoop() })
+		return i + 1
+	case wire.CmdStats:
 		// Its counters include every request before it, as memcached's do.
 		if len(lc.slots) > 0 {
 			return 0 // parsed again once the replies owed are written
 		}
-		lc.local(cmd.id, func() { cmd.local(c, words) })
+		lc.local(cmd.ID, func() { c.stats(words) })
 		return i + 1
-	case cmdFlushAll:
+	case wire.CmdFlushAll:
 		// After the replies owed: what the client asked before it is
 		// answered as before it.
 		if len(lc.slots) > 0 {
@@ -508,14 +515,14 @@ func (lc *loopClient) request(data []byte) int {
 		}
 		lc.flushAll(words)
 		return i + 1
-	case cmdQuit:
+	case wire.CmdQuit:
 		// The connection closes once the replies owed are written (see
 		// leave).
-		c.p.stats.record(cmdQuit, outcomeOK)
+		c.p.stats.record(wire.CmdQuit, outcomeOK)
 		lc.quit = true
 		return i + 1
 	}
-	panic("evloop: a command the loop does not know: " + cmd.name)
+	panic("evloop: a command the loop does not know: " + cmd.Name)
 }
 
 // local answers, in its place among the replies owed, a command the
@@ -543,7 +550,7 @@ func (lc *loopClient) local(id int, run func()) {
 func (lc *loopClient) validKey(key []byte) bool {
 	ks := lc.c.p.keys
 	if ks == nil {
-		return len(key) <= keyMaxLength && forwardable(key)
+		return len(key) <= wire.KeyMaxLength && wire.Forwardable(key)
 	}
 	ok, _ := ks.Check(key)
 	return ok

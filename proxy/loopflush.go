@@ -17,9 +17,9 @@ func (lc *loopClient) flushAll(w [][]byte) {
 	c, p := lc.c, lc.c.p
 	delay, withDelay, noreply, ok := parseFlushAll(w)
 	if !ok {
-		lc.local(cmdFlushAll, func() {
+		lc.local(wire.CmdFlushAll, func() {
 			c.noreply = noreply
-			c.clientError(cmdFlushAll, replyBadExptime)
+			c.clientError(wire.CmdFlushAll, wire.LineBadExptime)
 		})
 		return
 	}
@@ -27,10 +27,10 @@ func (lc *loopClient) flushAll(w [][]byte) {
 	if withDelay {
 		req = strconv.AppendInt(append(req, ' '), int64(delay), 10)
 	}
-	req = append(req, crlf...)
+	req = append(req, wire.CRLF...)
 	lc.c.scratch = req
 	p.flushing(delay, withDelay)
-	s := lc.ls.slot(lc, cmdFlushAll)
+	s := lc.ls.slot(lc, wire.CmdFlushAll)
 	s.noreply = noreply
 	lc.slots = append(lc.slots, s)
 	s.pending = 1 // until every request is sent: one may fail at once
@@ -68,7 +68,7 @@ func (s *loopSlot) flushedOne(r *loopReq, reply []byte, err error) {
 	p.flushed()
 	failed := make([]*loopReq, len(p.flushZones())) // each zone's first failure
 	for _, q := range s.reqs {
-		if failed[q.zone] == nil && (q.err != nil || !bytes.Equal(q.buf, replyOK)) {
+		if failed[q.zone] == nil && (q.err != nil || !bytes.Equal(q.buf, wire.LineOK)) {
 			failed[q.zone] = q
 		}
 	}
@@ -84,18 +84,18 @@ func (s *loopSlot) flushedOne(r *loopReq, reply []byte, err error) {
 	s.pending = 1
 	switch f := failed[0]; {
 	case answer >= 0:
-		p.stats.record(cmdFlushAll, outcomeOK)
-		s.out = append(s.out, replyOK)
+		p.stats.record(wire.CmdFlushAll, outcomeOK)
+		s.out = append(s.out, wire.LineOK)
 	case f.err != nil:
 		line, oc := upstreamReply(f.err)
-		p.stats.record(cmdFlushAll, oc)
+		p.stats.record(wire.CmdFlushAll, oc)
 		s.out = append(s.out, line)
 	default:
 		// A line other than OK: memcached's own error line is relayed,
 		// any other answered as a failed server, as on the goroutine
 		// path, whose error quotes the line.
 		line, oc := upstreamReply(fmt.Errorf("unexpected reply: %q", f.buf))
-		p.stats.record(cmdFlushAll, oc)
+		p.stats.record(wire.CmdFlushAll, oc)
 		s.out = append(s.out, line)
 	}
 	s.release()

@@ -33,13 +33,13 @@ func (lc *loopClient) getAndTouch(id int, words [][]byte) {
 		lc.local(id, func() {
 			switch {
 			case !ok:
-				c.clientError(id, replyBadExptime)
+				c.clientError(id, wire.LineBadExptime)
 			case len(keys) == 0:
 				p.stats.record(id, outcomeOK) // memcached answers no keys with END
-				c.wr.Write(replyEnd)
+				c.wr.Write(wire.LineEnd)
 			default:
 				c.validKey(keys[0]) // counted as refused
-				c.clientError(id, replyBadFormat)
+				c.clientError(id, wire.LineBadFormat)
 			}
 		})
 		return
@@ -118,7 +118,7 @@ const touchLineMax = 2048
 // s.reqs[i], whose line would be longer than touchLineMax into requests
 // of shorter lines to the same server, and returns reqUps for them all.
 func (s *loopSlot) splitTouch(reqUps []*loopUpstream) []*loopUpstream {
-	head := len("gats ") + len(strconv.Itoa(int(s.exptime))) + len(crlf)
+	head := len("gats ") + len(strconv.Itoa(int(s.exptime))) + len(wire.CRLF)
 	for ri := 0; ri < len(reqUps); ri++ {
 		r := s.reqs[ri]
 		n := head

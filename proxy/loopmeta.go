@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 
+	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -46,6 +47,13 @@ type loopMeta struct {
 	gotZone              int
 }
 
+// metaReq is a meta request line as wire.ParseMeta read it, and what the
+// sidecar learned of its key (see metaKey).
+type metaReq struct {
+	wire.Meta
+	rk resolvedKey
+}
+
 // loopMetaKeep is the largest buffer a loopMeta keeps for the next
 // request.
 const loopMetaKeep = 4 << 10
@@ -65,7 +73,7 @@ func (m *loopMeta) alignReq() []byte {
 }
 
 // parseMeta copies the words of a meta command line into the loop's next
-// loopMeta and parses them there (see parseMeta).
+// loopMeta and parses them there (see wire.ParseMeta).
 func (ls *loopState) parseMeta(w [][]byte, limitKey bool) *loopMeta {
 	lm := ls.meta
 	if lm == nil {
@@ -82,7 +90,8 @@ func (ls *loopState) parseMeta(w [][]byte, limitKey bool) *loopMeta {
 		lm.line = append(lm.line, x...) // never moves: grown to n
 		lm.words = append(lm.words, lm.line[start:len(lm.line):len(lm.line)])
 	}
-	parseMeta(&lm.req, lm.words, limitKey)
+	lm.req.rk = resolvedKey{}
+	wire.ParseMeta(&lm.req.Meta, lm.words, limitKey)
 	lm.align = lm.align[:0:0]
 	lm.serial = false
 	return lm
@@ -94,20 +103,20 @@ func (ls *loopState) parseMeta(w [][]byte, limitKey bool) *loopMeta {
 // delete, which every zone takes at once.
 func metaKind(id int, m *metaReq) int {
 	switch {
-	case id == cmdMetaDelete && m.hasCAS:
-		return cmdCas
-	case id == cmdMetaDelete:
-		return cmdDelete
-	case m.mode == 'E':
-		return cmdAdd
-	case m.hasCAS:
-		return cmdCas
-	case m.mode == 'R':
-		return cmdReplace
-	case m.mode == 'A' || m.mode == 'P':
-		return cmdAppend
+	case id == wire.CmdMetaDelete && m.HasCAS:
+		return wire.CmdCas
+	case id == wire.CmdMetaDelete:
+		return wire.CmdDelete
+	case m.Mode == 'E':
+		return wire.CmdAdd
+	case m.HasCAS:
+		return wire.CmdCas
+	case m.Mode == 'R':
+		return wire.CmdReplace
+	case m.Mode == 'A' || m.Mode == 'P':
+		return wire.CmdAppend
 	}
-	return cmdSet
+	return wire.CmdSet
 }
 
 // metaLocal answers, in its place among the replies owed, an ms or md
@@ -135,43 +144,43 @@ func (lc *loopClient) metaDelete(words [][]byte) {
 	lm := lc.ls.parseMeta(words, c.p.keys == nil)
 	m := &lm.req
 	switch {
-	case m.err != nil:
-		lc.metaLocal(cmdMetaDelete, m.err, nil)
+	case m.Err != nil:
+		lc.metaLocal(wire.CmdMetaDelete, m.Err, nil)
 		return
 	case !c.validMetaKey(m):
-		lc.metaLocal(cmdMetaDelete, replyBadFormat, nil)
+		lc.metaLocal(wire.CmdMetaDelete, wire.LineBadFormat, nil)
 		return
 	}
-	rk := c.lookup(m.key, 0)
-	m.setWire(rk.up)
-	if !rk.ok && !m.wireBin {
+	rk := c.lookup(m.Key, 0)
+	m.SetWire(rk.up)
+	if !rk.ok && !m.WireBin {
 		// No server can hold such a key: nothing to delete.
 		c.countRewrite(rk)
-		lc.metaLocal(cmdMetaDelete, nil, func(c *conn) {
-			c.metaAnswer(cmdMetaDelete, m, metaCodeNotFound, nil, nil)
+		lc.metaLocal(wire.CmdMetaDelete, nil, func(c *conn) {
+			c.metaAnswer(wire.CmdMetaDelete, m, metaCodeNotFound, nil, nil)
 		})
 		return
 	}
 	c.countRewrite(rk)
 	m.rk = rk
-	kind := metaKind(cmdMetaDelete, m)
-	if kind == cmdCas && len(c.p.zones) > 1 {
-		lm.align = appendMetaHead(lm.align, "md ", string(rk.up), m.wireBin)
-		lm.align = append(lm.align, crlf...)
+	kind := metaKind(wire.CmdMetaDelete, m)
+	if kind == wire.CmdCas && len(c.p.zones) > 1 {
+		lm.align = appendMetaHead(lm.align, "md ", string(rk.up), m.WireBin)
+		lm.align = append(lm.align, wire.CRLF...)
 	}
-	lc.commandAs(cmdMetaDelete, kind, lm, rk.up, false, loopWrite{}, func(out []byte, _ uint32) []byte {
-		out = appendMetaHead(out, "md ", string(rk.up), m.wireBin)
-		if m.hasCAS {
+	lc.commandAs(wire.CmdMetaDelete, kind, lm, rk.up, false, loopWrite{}, func(out []byte, _ uint32) []byte {
+		out = appendMetaHead(out, "md ", string(rk.up), m.WireBin)
+		if m.HasCAS {
 			out = append(out, " C"...)
-			out = strconv.AppendUint(out, m.cas, 10)
+			out = strconv.AppendUint(out, m.CAS, 10)
 		}
-		if m.stale {
+		if m.Stale {
 			out = append(out, " I"...)
 		}
-		if m.hasTTL {
-			out = appendMetaFlag(out, 'T', int64(m.ttl))
+		if m.HasTTL {
+			out = appendMetaFlag(out, 'T', int64(m.TTL))
 		}
-		return append(out, crlf...)
+		return append(out, wire.CRLF...)
 	})
 	return
 }
@@ -185,44 +194,44 @@ func (lc *loopClient) metaSet(words [][]byte, data []byte, lineLen int) int {
 	lm := lc.ls.parseMeta(words, c.p.keys == nil)
 	m := &lm.req
 	keyOK := true
-	if m.err == nil {
+	if m.Err == nil {
 		keyOK, _ = c.checkMetaKey(m)
 	}
-	total := lineLen + m.vlen + 2
-	if m.err != nil || !keyOK {
+	total := lineLen + m.Vlen + 2
+	if m.Err != nil || !keyOK {
 		// Refused before its block is read, which is dropped as it
 		// comes, as memcached does when it read the block's length.
-		if m.err == nil {
+		if m.Err == nil {
 			c.validMetaKey(m) // counts the refusal
 		}
 		st.cmdSet.Add(1)
-		reply := m.err
+		reply := m.Err
 		if reply == nil {
-			reply = replyBadFormat
+			reply = wire.LineBadFormat
 		}
-		lc.metaLocal(cmdMetaSet, reply, nil)
-		if !m.vlenOK {
+		lc.metaLocal(wire.CmdMetaSet, reply, nil)
+		if !m.VlenOK {
 			return lineLen
 		}
 		return lc.dropBlock(total, data)
 	}
-	join := m.mode == 'A' || m.mode == 'P'
-	flags := m.clientFlags
+	join := m.Mode == 'A' || m.Mode == 'P'
+	flags := m.ClientFlags
 	if join {
 		flags = 0 // memcached keeps the item's flags
 	}
-	enveloped := c.envelopes(m.key, flags)
-	rk := c.lookup(m.key, needTenant|postingsIf(enveloped))
-	m.setWire(rk.up)
+	enveloped := c.envelopes(m.Key, flags)
+	rk := c.lookup(m.Key, needTenant|postingsIf(enveloped))
+	m.SetWire(rk.up)
 	enveloped = enveloped || rk.bound
 	if n, whole := lc.awaitBlock(total, data); !whole {
 		return n
 	}
-	if !rk.ok && !m.wireBin {
+	if !rk.ok && !m.WireBin {
 		// As for set: no server can hold such a key as it is.
 		st.cmdSet.Add(1)
 		c.countRewrite(rk)
-		lc.metaLocal(cmdMetaSet, replyBadFormat, nil)
+		lc.metaLocal(wire.CmdMetaSet, wire.LineBadFormat, nil)
 		return total
 	}
 	m.rk = rk
@@ -231,53 +240,53 @@ func (lc *loopClient) metaSet(words [][]byte, data []byte, lineLen int) int {
 	if enveloped {
 		limit = c.p.cfg.maxValueSize()
 	}
-	if m.vlen > limit {
+	if m.Vlen > limit {
 		lc.metaTooLarge(m, rk.up)
 		return total
 	}
-	if !bytes.HasSuffix(data[:total], crlf) {
-		lc.metaLocal(cmdMetaSet, replyBadChunk, nil)
+	if !bytes.HasSuffix(data[:total], wire.CRLF) {
+		lc.metaLocal(wire.CmdMetaSet, wire.LineBadChunk, nil)
 		return total
 	}
-	value := data[lineLen : lineLen+m.vlen]
+	value := data[lineLen : lineLen+m.Vlen]
 	if enveloped && join {
 		// Read, joined and written back (see loopmodify.go).
-		if !forwardable(rk.up) {
-			lc.metaLocal(cmdMetaSet, nil, func(c *conn) { c.metaSetAnswer(m, metaCodeNotStore, nil) })
+		if !wire.Forwardable(rk.up) {
+			lc.metaLocal(wire.CmdMetaSet, nil, func(c *conn) { c.metaSetAnswer(m, metaCodeNotStore, nil) })
 			return total
 		}
-		lc.modify(cmdMetaSet, m.key, rk, false, lm, value, func(c *conn, data []byte) rmw { return c.metaJoinOp(m, data) })
+		lc.modify(wire.CmdMetaSet, m.Key, rk, false, lm, value, func(c *conn, data []byte) rmw { return c.metaJoinOp(m, data) })
 		return total
 	}
 	if enveloped {
-		value, flags = c.encodeFor(m.key, rk.bound, rk.postings, m.clientFlags, value)
+		value, flags = c.encodeFor(m.Key, rk.bound, rk.postings, m.ClientFlags, value)
 		if len(value) > int(c.p.cfg.MaxItemSize) {
 			lc.metaTooLarge(m, rk.up)
 			return total
 		}
 	}
 	k := string(rk.up)
-	kind := metaKind(cmdMetaSet, m)
+	kind := metaKind(wire.CmdMetaSet, m)
 	if len(c.p.zones) > 1 {
 		switch kind {
-		case cmdAdd, cmdAppend:
+		case wire.CmdAdd, wire.CmdAppend:
 			// The copies an add made where another zone held the key,
 			// or the other zones' copies after an append or prepend.
-			lm.align = append(appendMetaHead(lm.align, "md ", k, m.wireBin), crlf...)
-		case cmdCas, cmdReplace:
+			lm.align = append(appendMetaHead(lm.align, "md ", k, m.WireBin), wire.CRLF...)
+		case wire.CmdCas, wire.CmdReplace:
 			// The other zones get a set of the value stored.
-			mode, hasCAS, stale := m.mode, m.hasCAS, m.stale
-			m.mode, m.hasCAS, m.stale = 0, false, false
+			mode, hasCAS, stale := m.Mode, m.HasCAS, m.Stale
+			m.Mode, m.HasCAS, m.Stale = 0, false, false
 			lm.align = c.appendMetaStore(lm.align, k, m, flags, len(value), false)
-			m.mode, m.hasCAS, m.stale = mode, hasCAS, stale
-			lm.align = append(append(lm.align, value...), crlf...)
+			m.Mode, m.HasCAS, m.Stale = mode, hasCAS, stale
+			lm.align = append(append(lm.align, value...), wire.CRLF...)
 		}
 	}
-	w := loopWrite{tenant: tenant, size: len(value), enveloped: enveloped, logical: m.vlen}
-	lc.commandAs(cmdMetaSet, kind, lm, rk.up, false, w, func(out []byte, _ uint32) []byte {
-		out = c.appendMetaStore(out, k, m, flags, len(value), m.has('c'))
+	w := loopWrite{tenant: tenant, size: len(value), enveloped: enveloped, logical: m.Vlen}
+	lc.commandAs(wire.CmdMetaSet, kind, lm, rk.up, false, w, func(out []byte, _ uint32) []byte {
+		out = c.appendMetaStore(out, k, m, flags, len(value), m.Has('c'))
 		out = append(out, value...)
-		return append(out, crlf...)
+		return append(out, wire.CRLF...)
 	})
 	return total
 }
@@ -290,45 +299,45 @@ func (lc *loopClient) metaArithmetic(words [][]byte) {
 	lm := lc.ls.parseMeta(words, c.p.keys == nil)
 	m := &lm.req
 	switch {
-	case m.err != nil:
-		lc.metaLocal(cmdMetaArithmetic, m.err, nil)
+	case m.Err != nil:
+		lc.metaLocal(wire.CmdMetaArithmetic, m.Err, nil)
 		return
 	case !c.validMetaKey(m):
-		lc.metaLocal(cmdMetaArithmetic, replyBadFormat, nil)
+		lc.metaLocal(wire.CmdMetaArithmetic, wire.LineBadFormat, nil)
 		return
 	}
-	enveloped := c.envelopes(m.key, 0)
-	rk := c.lookup(m.key, postingsIf(enveloped))
-	m.setWire(rk.up)
-	notFound := func(c *conn) { c.metaAnswer(cmdMetaArithmetic, m, metaCodeNotFound, nil, nil) }
-	if !rk.ok && !m.wireBin {
+	enveloped := c.envelopes(m.Key, 0)
+	rk := c.lookup(m.Key, postingsIf(enveloped))
+	m.SetWire(rk.up)
+	notFound := func(c *conn) { c.metaAnswer(wire.CmdMetaArithmetic, m, metaCodeNotFound, nil, nil) }
+	if !rk.ok && !m.WireBin {
 		c.countRewrite(rk)
-		lc.metaLocal(cmdMetaArithmetic, nil, notFound)
+		lc.metaLocal(wire.CmdMetaArithmetic, nil, notFound)
 		return
 	}
 	c.countRewrite(rk)
 	m.rk = rk
 	if rk.bound || enveloped {
 		// A read-modify-write (see loopmodify.go).
-		if !forwardable(rk.up) {
-			lc.metaLocal(cmdMetaArithmetic, nil, notFound)
+		if !wire.Forwardable(rk.up) {
+			lc.metaLocal(wire.CmdMetaArithmetic, nil, notFound)
 			return
 		}
-		lc.modify(cmdMetaArithmetic, m.key, rk, false, lm, nil, func(c *conn, _ []byte) rmw { return c.metaArithOp(m) })
+		lc.modify(wire.CmdMetaArithmetic, m.Key, rk, false, lm, nil, func(c *conn, _ []byte) rmw { return c.metaArithOp(m) })
 		return
 	}
 	k := string(rk.up)
 	if len(c.p.zones) > 1 {
 		// The other zones drop their copy once one changed.
-		lm.align = append(appendMetaHead(lm.align, "md ", k, m.wireBin), crlf...)
+		lm.align = append(appendMetaHead(lm.align, "md ", k, m.WireBin), wire.CRLF...)
 	}
 	// memcached answers an ma that created its item even when asked
 	// quietly. To know whether it will, a quiet ma with N asks without N
 	// first and, only when the item is missing, again with it (see
 	// retryVivify).
-	lm.quietVivify = m.quiet && m.hasVivify
+	lm.quietVivify = m.Quiet && m.HasVivify
 	lm.serial = lm.quietVivify
-	lc.commandAs(cmdMetaArithmetic, cmdIncr, lm, rk.up, false, loopWrite{}, func(out []byte, tag uint32) []byte {
+	lc.commandAs(wire.CmdMetaArithmetic, wire.CmdIncr, lm, rk.up, false, loopWrite{}, func(out []byte, tag uint32) []byte {
 		return appendTagged(out, c.metaArithmeticReq(m, k, !lm.quietVivify), tag)
 	})
 	return
@@ -337,10 +346,10 @@ func (lc *loopClient) metaArithmetic(words [][]byte) {
 // appendTagged appends meta request req with the opaque token O<tag>
 // added.
 func appendTagged(dst, req []byte, tag uint32) []byte {
-	dst = append(dst, req[:len(req)-len(crlf)]...)
+	dst = append(dst, req[:len(req)-len(wire.CRLF)]...)
 	dst = append(dst, " O"...)
 	dst = strconv.AppendUint(dst, uint64(tag), 10)
-	return append(dst, crlf...)
+	return append(dst, wire.CRLF...)
 }
 
 // retryVivify sends a quiet ma with N again, with N this time, when its
@@ -348,12 +357,12 @@ func appendTagged(dst, req []byte, tag uint32) []byte {
 // did: the reply to that one answers.
 func (s *loopSlot) retryVivify(reply []byte, err error) bool {
 	lm := s.meta
-	if s.id != cmdMetaArithmetic || !lm.quietVivify || err != nil || !bytes.HasPrefix(reply, metaCodeNotFound) {
+	if s.id != wire.CmdMetaArithmetic || !lm.quietVivify || err != nil || !bytes.HasPrefix(reply, metaCodeNotFound) {
 		return false
 	}
 	lm.quietVivify = false
 	m := &lm.req
-	m.quiet = false // it creates the item, or another client just did
+	m.Quiet = false // it creates the item, or another client just did
 	c := s.client.c
 	s.arena = appendTagged(s.arena[:0], c.metaArithmeticReq(m, string(s.ups), true), s.tag)
 	s.tryZone(0)
@@ -373,10 +382,10 @@ func (lc *loopClient) dropBlock(total int, data []byte) int {
 // have replaced deleted in every zone, whatever the mode, without a
 // reply of its own.
 func (lc *loopClient) metaTooLarge(m *metaReq, up []byte) {
-	lc.metaLocal(cmdMetaSet, replyTooLarge, nil)
-	bin := m.wireBin
-	lc.command(cmdMetaDelete, up, true, loopWrite{refused: true}, func(out []byte, _ uint32) []byte {
-		return append(appendMetaHead(out, "md ", string(up), bin), crlf...)
+	lc.metaLocal(wire.CmdMetaSet, wire.LineTooLarge, nil)
+	bin := m.WireBin
+	lc.command(wire.CmdMetaDelete, up, true, loopWrite{refused: true}, func(out []byte, _ uint32) []byte {
+		return append(appendMetaHead(out, "md ", string(up), bin), wire.CRLF...)
 	})
 }
 
@@ -418,16 +427,16 @@ func (s *loopSlot) metaAnswerReply(reply []byte) {
 		return
 	}
 	switch s.id {
-	case cmdMetaDelete:
-		c.metaAnswer(cmdMetaDelete, m, r.code[:], r, nil)
-	case cmdMetaArithmetic:
+	case wire.CmdMetaDelete:
+		c.metaAnswer(wire.CmdMetaDelete, m, r.code[:], r, nil)
+	case wire.CmdMetaArithmetic:
 		switch r.code {
 		case [2]byte{'V', 'A'}:
-			c.metaAnswer(cmdMetaArithmetic, m, metaCodeStored, r, reply[len(line):len(reply)-len(crlf)])
+			c.metaAnswer(wire.CmdMetaArithmetic, m, metaCodeStored, r, reply[len(line):len(reply)-len(wire.CRLF)])
 		case [2]byte{'H', 'D'}:
-			c.metaAnswer(cmdMetaArithmetic, m, metaCodeStored, r, nil)
+			c.metaAnswer(wire.CmdMetaArithmetic, m, metaCodeStored, r, nil)
 		default:
-			c.metaAnswer(cmdMetaArithmetic, m, r.code[:], r, nil)
+			c.metaAnswer(wire.CmdMetaArithmetic, m, r.code[:], r, nil)
 		}
 	default:
 		if r.code == [2]byte{'H', 'D'} {

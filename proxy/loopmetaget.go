@@ -25,26 +25,26 @@ func (lc *loopClient) metaGet(id int, words [][]byte) {
 	lm := lc.ls.parseMeta(words, p.keys == nil)
 	m := &lm.req
 	switch {
-	case m.err != nil:
-		lc.metaLocal(id, m.err, nil)
+	case m.Err != nil:
+		lc.metaLocal(id, m.Err, nil)
 		return
 	case !c.validMetaKey(m):
-		lc.metaLocal(id, replyBadFormat, nil)
+		lc.metaLocal(id, wire.LineBadFormat, nil)
 		return
 	}
 	need := uint8(0)
-	if id == cmdMetaGet {
+	if id == wire.CmdMetaGet {
 		need = needTenant // counted, hit or miss
 	}
-	rk := c.lookup(m.key, need)
-	m.setWire(rk.up)
-	if !rk.ok && !m.wireBin {
+	rk := c.lookup(m.Key, need)
+	m.SetWire(rk.up)
+	if !rk.ok && !m.WireBin {
 		// No server can hold such a key: a miss.
 		c.countRewrite(rk)
 		lc.metaLocal(id, nil, func(c *conn) {
-			if id == cmdMetaDebug {
-				c.p.stats.record(cmdMetaDebug, outcomeMiss)
-				c.wr.Write(metaMiss)
+			if id == wire.CmdMetaDebug {
+				c.p.stats.record(wire.CmdMetaDebug, outcomeMiss)
+				c.wr.Write(wire.LineMetaMiss)
 				return
 			}
 			c.metaMiss(m)
@@ -62,8 +62,8 @@ func (lc *loopClient) metaGet(id int, words [][]byte) {
 	lm.vivifyLast, lm.vivified = false, false
 	lm.got, lm.gotErr, lm.gotSrv = lm.got[:0], nil, nil
 	s.pending = 1
-	if id == cmdMetaDebug {
-		s.arena = append(appendMetaHead(s.arena[:0], "me ", string(rk.up), m.wireBin), crlf...)
+	if id == wire.CmdMetaDebug {
+		s.arena = append(appendMetaHead(s.arena[:0], "me ", string(rk.up), m.WireBin), wire.CRLF...)
 		s.tryZone(0)
 		return
 	}
@@ -72,11 +72,11 @@ func (lc *loopClient) metaGet(id int, words [][]byte) {
 	if filling {
 		lm.noted = p.writeCountOf(rk.up)
 	}
-	if m.hasTTL {
+	if m.HasTTL {
 		p.writingOf(rk.up) // a touch: the local tier's entry would outlive it
 		lm.noted = ownWrite(lm.noted)
 	}
-	lm.vivifyLast = len(p.zones) > 1 && m.hasVivify
+	lm.vivifyLast = len(p.zones) > 1 && m.HasVivify
 	s.serial = lm.vivifyLast
 	// The request is kept, in the slot's arena, for the next zone.
 	s.arena = c.appendMetaGet(s.arena[:0], string(rk.up), m, p.codec != nil, filling, !lm.vivifyLast)
@@ -139,7 +139,7 @@ func (s *loopSlot) metaGetDone(reply []byte, err error, srv *upstream.Server, fr
 	var hit *metaReply
 	var storedFlags uint32
 	var damaged bool
-	if s.id == cmdMetaDebug {
+	if s.id == wire.CmdMetaDebug {
 		c.metaDebugAnswer(m, string(s.ups), reply, srv, err)
 	} else {
 		hit, storedFlags, damaged = c.metaGetAnswer(m, m.rk.bound, line, value, srv, err)
@@ -150,7 +150,7 @@ func (s *loopSlot) metaGetDone(reply []byte, err error, srv *upstream.Server, fr
 		s.out = append(s.out, w.buf)
 	}
 	s.client.made(s) // charged at its length now
-	if m.hasTTL {
+	if m.HasTTL {
 		p.wroteOf(s.ups)
 		lm.noted = ownWriteEnded(lm.noted)
 	}
@@ -160,11 +160,11 @@ func (s *loopSlot) metaGetDone(reply []byte, err error, srv *upstream.Server, fr
 	if hit != nil && from > 0 && p.cfg.ZoneFill {
 		s.metaFill(hit, value, storedFlags)
 	}
-	if hit != nil && m.hasTTL && len(p.zones) > 1 && p.cfg.ZoneWrites != zoneWritesLocal {
+	if hit != nil && m.HasTTL && len(p.zones) > 1 && p.cfg.ZoneWrites != zoneWritesLocal {
 		// The other zones get the new time to live, as for gat, by an
 		// mg with T: the key in its wire form (base64 with b).
-		req := appendMetaFlag(appendMetaHead(s.keys[:0], "mg ", string(s.ups), m.wireBin), 'T', int64(m.ttl))
-		s.keys = append(req, crlf...)
+		req := appendMetaFlag(appendMetaHead(s.keys[:0], "mg ", string(s.ups), m.WireBin), 'T', int64(m.TTL))
+		s.keys = append(req, wire.CRLF...)
 		s.zone = from
 		s.alignAll(s.keys)
 	}
@@ -193,6 +193,6 @@ func (s *loopSlot) metaFill(hit *metaReply, stored []byte, storedFlags uint32) {
 	if !u.pushDropped(nil, r) {
 		return
 	}
-	u.out = appendMetaFill(u.out, string(key), m.wireBin, len(stored), storedFlags, exptime)
-	u.out = append(append(u.out, stored...), crlf...)
+	u.out = appendMetaFill(u.out, string(key), m.WireBin, len(stored), storedFlags, exptime)
+	u.out = append(append(u.out, stored...), wire.CRLF...)
 }

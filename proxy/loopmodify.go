@@ -59,7 +59,7 @@ func (lc *loopClient) modify(id int, key []byte, rk resolvedKey, noreply bool, l
 	if lm != nil {
 		s.meta, lc.ls.meta = lm, s.meta
 	}
-	s.kind, s.serial = cmdAppend, true // zone after zone, and first (see heldBehind)
+	s.kind, s.serial = wire.CmdAppend, true // zone after zone, and first (see heldBehind)
 	mod := s.spareMod
 	if mod == nil {
 		mod = new(loopModify)
@@ -106,11 +106,11 @@ func (s *loopSlot) modified(r *loopReq, reply []byte, err error) {
 	case mod.step == modifyRead:
 		s.modifyReadDone(r, reply)
 	case mod.step == modifyCreate:
-		if !bytes.HasPrefix(reply, storedWithCAS) {
+		if !bytes.HasPrefix(reply, wire.LineStoredWithCAS) {
 			s.modifyAgain() // another client created it first
 			return
 		}
-		cas, _ := wire.ParseUint64(bytes.TrimSuffix(reply[len(storedWithCAS):], crlf))
+		cas, _ := wire.ParseUint64(bytes.TrimSuffix(reply[len(wire.LineStoredWithCAS):], wire.CRLF))
 		mod.changed = true
 		s.modifyAnswer(func() error { return mod.op.created(cas) })
 		s.modifyEnd()
@@ -132,8 +132,8 @@ func (s *loopSlot) modifyReadDone(r *loopReq, reply []byte) {
 	found := false
 	var old []byte
 	switch {
-	case bytes.Equal(line, metaMiss):
-	case !bytes.HasPrefix(line, metaValue):
+	case bytes.Equal(line, wire.LineMetaMiss):
+	case !bytes.HasPrefix(line, wire.LineMetaValue):
 		s.modifyFail(r.srv, fmt.Errorf("mg: memcached replied: %q", line))
 		return
 	default:
@@ -142,7 +142,7 @@ func (s *loopSlot) modifyReadDone(r *loopReq, reply []byte) {
 			s.modifyFail(r.srv, err)
 			return
 		}
-		mod.it, old = it, reply[len(line):len(reply)-len(crlf)]
+		mod.it, old = it, reply[len(line):len(reply)-len(wire.CRLF)]
 		switch {
 		case !p.codec.IsEnveloped(it.Flags) && mod.bind:
 			// Some client's own value at a key equal to this rewritten
@@ -196,7 +196,7 @@ func (s *loopSlot) modifyMissing() {
 		if ok {
 			stored, storedFlags := c.encodeFor(mod.key, mod.bind, mod.postings, 0, value)
 			s.arena = appendCreate(s.arena[:0], string(s.ups), len(stored), storedFlags, exptime)
-			s.arena = append(append(s.arena, stored...), crlf...)
+			s.arena = append(append(s.arena, stored...), wire.CRLF...)
 			mod.step = modifyCreate
 			s.modifySend(wire.ReplyMetaSet)
 			return
@@ -278,7 +278,7 @@ func (s *loopSlot) modifyAgain() {
 	c := s.client.c
 	s.modifyAnswer(func() error {
 		c.p.stats.record(s.id, outcomeUpstreamError)
-		c.reply(replyContended)
+		c.reply(wire.LineContended)
 		return nil
 	})
 	s.modifyEnd()

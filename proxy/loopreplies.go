@@ -236,7 +236,7 @@ type valueAt struct {
 
 // keyIn returns the line's key in reply.
 func (v *valueAt) keyIn(reply []byte) []byte {
-	return reply[v.at+len(replyValue) : v.at+len(replyValue)+v.key]
+	return reply[v.at+len(wire.LineValue) : v.at+len(wire.LineValue)+v.key]
 }
 
 // end returns where the line's VALUE block (the line, the value and its
@@ -308,7 +308,7 @@ func (r *replyScan) feed(data []byte, req *loopReq) (took int, whole bool, bad *
 			if r.need -= n; r.need > 0 {
 				return took, false, nil
 			}
-			if !bytes.HasSuffix(r.acc, crlf) {
+			if !bytes.HasSuffix(r.acc, wire.CRLF) {
 				return took, false, upstream.OutOfStep(upstream.ReasonMalformed, r.acc[len(r.acc)-2:])
 			}
 			r.line = len(r.acc)
@@ -325,7 +325,7 @@ func (r *replyScan) feed(data []byte, req *loopReq) (took int, whole bool, bad *
 		i := bytes.IndexByte(data[took:], '\n')
 		if i < 0 {
 			r.acc = append(r.acc, data[took:]...)
-			if len(r.acc)-r.line > lineLimit {
+			if len(r.acc)-r.line > wire.LineLimit {
 				return len(data), false, upstream.OutOfStep(upstream.ReasonMalformed, r.acc[r.line:])
 			}
 			return len(data), false, nil
@@ -333,11 +333,11 @@ func (r *replyScan) feed(data []byte, req *loopReq) (took int, whole bool, bad *
 		r.acc = append(r.acc, data[took:took+i+1]...)
 		took += i + 1
 		line := r.acc[r.line:]
-		if len(line) > lineLimit {
+		if len(line) > wire.LineLimit {
 			return took, false, upstream.OutOfStep(upstream.ReasonMalformed, line) // no reply line is this long
 		}
 		if req.meta {
-			if bytes.HasPrefix(line, metaValue) {
+			if bytes.HasPrefix(line, wire.LineMetaValue) {
 				size, _, err := upstream.ParseMetaValue(line)
 				if err != nil {
 					return took, false, upstream.OutOfStep(upstream.ReasonMalformed, line)
@@ -361,7 +361,7 @@ func (r *replyScan) feed(data []byte, req *loopReq) (took int, whole bool, bad *
 				r.need = n // the number follows
 				continue
 			}
-		case req.expect == wire.ReplyMetaGet && bytes.HasPrefix(line, metaValue):
+		case req.expect == wire.ReplyMetaGet && bytes.HasPrefix(line, wire.LineMetaValue):
 			// An mg's hit: its value follows.
 			n, ok := wire.MetaValueBlock(line, upstream.MaxValueLen)
 			if !ok {
@@ -370,7 +370,7 @@ func (r *replyScan) feed(data []byte, req *loopReq) (took int, whole bool, bad *
 			r.need = n
 			continue
 		}
-		if !retrieval || !bytes.HasPrefix(line, replyValue) {
+		if !retrieval || !bytes.HasPrefix(line, wire.LineValue) {
 			return took, true, nil
 		}
 		v, ok := wire.ParseValue(line)

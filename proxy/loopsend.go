@@ -41,7 +41,7 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) {
 			// named again is answered as the first time, but looked up
 			// again, so that the tier counts every naming, as memcached's
 			// get_hits do.
-			e, gen := p.fromTier(k, string(rk.up), id == cmdGet, s.began.UnixNano())
+			e, gen := p.fromTier(k, string(rk.up), id == wire.CmdGet, s.began.UnixNano())
 			if first < 0 {
 				o.gen = gen
 				if e != nil {
@@ -131,7 +131,7 @@ func (s *loopSlot) ask(u *loopUpstream, r *loopReq) {
 				u.out = append(u.out, " T"...)
 				u.out = strconv.AppendInt(u.out, int64(s.exptime), 10)
 			}
-			u.out = append(u.out, crlf...)
+			u.out = append(u.out, wire.CRLF...)
 		}
 	} else {
 		var head *loopReq
@@ -140,7 +140,7 @@ func (s *loopSlot) ask(u *loopUpstream, r *loopReq) {
 		}
 		if joined = head != nil; joined {
 			// The keys go on the end of head's line.
-			u.out = u.out[:len(u.out)-len(crlf)]
+			u.out = u.out[:len(u.out)-len(wire.CRLF)]
 			head.joined++
 		} else {
 			u.out = append(u.out, retrievalVerbs[s.id]...)
@@ -154,7 +154,7 @@ func (s *loopSlot) ask(u *loopUpstream, r *loopReq) {
 			u.out = append(u.out, ' ')
 			u.out = append(u.out, s.upKey(i)...)
 		}
-		u.out = append(u.out, crlf...)
+		u.out = append(u.out, wire.CRLF...)
 		u.join, u.joinEnd = head, len(u.out)
 		if u.joinKeys += len(r.asked); u.joinKeys > loopJoinKeys && head == r || s.touch {
 			u.join = nil // too long to be joined, or with an exptime of its own
@@ -168,7 +168,7 @@ func (s *loopSlot) ask(u *loopUpstream, r *loopReq) {
 }
 
 // retrievalVerbs names the retrievals upstream.
-var retrievalVerbs = [numCommands]string{cmdGet: "get", cmdGets: "gets", cmdGat: "gat", cmdGats: "gats"}
+var retrievalVerbs = [wire.NumCommands]string{wire.CmdGet: "get", wire.CmdGets: "gets", wire.CmdGat: "gat", wire.CmdGats: "gats"}
 
 // store sends a storage command, its value enveloped when the codec or a
 // rewritten key asks for it. An append or prepend to an enveloped value
@@ -176,68 +176,68 @@ var retrievalVerbs = [numCommands]string{cmdGet: "get", cmdGets: "gets", cmdGat:
 // refused (see tooLarge).
 func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) int {
 	c := lc.c
-	a := parseStoreArgs(words, id == cmdCas)
-	if !a.argsOK || !lc.validKey(a.key) {
+	a := wire.ParseStoreArgs(words, id == wire.CmdCas)
+	if !a.ArgsOK || !lc.validKey(a.Key) {
 		// Refused: its block, when the line names a usable length, is
 		// dropped as it comes.
-		if a.argsOK && c.p.keys != nil {
-			c.validKey(a.key) // counted as refused
+		if a.ArgsOK && c.p.keys != nil {
+			c.validKey(a.Key) // counted as refused
 		}
 		c.p.stats.cmdSet.Add(1)
-		lc.refuse(id, a.noreply, replyBadFormat)
-		if !a.lenOK {
+		lc.refuse(id, a.Noreply, wire.LineBadFormat)
+		if !a.LenOK {
 			return lineLen
 		}
-		return lc.dropBlock(lineLen+a.vlen+2, data)
+		return lc.dropBlock(lineLen+a.Vlen+2, data)
 	}
-	join := id == cmdAppend || id == cmdPrepend
-	envFlags := a.flags
+	join := id == wire.CmdAppend || id == wire.CmdPrepend
+	envFlags := a.Flags
 	if join {
 		envFlags = 0 // memcached ignores the flags of append and prepend
 	}
 	// A value under a rewritten key is always enveloped, bound to the
 	// client key: another key may meet it upstream.
-	enveloped := c.envelopes(a.key, envFlags) || lc.rewritten(a.key)
+	enveloped := c.envelopes(a.Key, envFlags) || lc.rewritten(a.Key)
 	limit := int(c.p.cfg.MaxItemSize)
 	if enveloped {
 		limit = c.p.cfg.maxValueSize()
 	}
-	total := lineLen + a.vlen + 2
-	if a.vlen > limit {
+	total := lineLen + a.Vlen + 2
+	if a.Vlen > limit {
 		// Refused before its block is read, which is dropped as it comes.
-		lc.tooLarge(id, a, c.lookup(a.key, needTenant))
+		lc.tooLarge(id, a, c.lookup(a.Key, needTenant))
 		return lc.dropBlock(total, data)
 	}
 	if n, whole := lc.awaitBlock(total, data); !whole {
 		return n
 	}
-	rk := c.lookup(a.key, needTenant|postingsIf(enveloped))
-	if !bytes.HasSuffix(data[:total], crlf) {
+	rk := c.lookup(a.Key, needTenant|postingsIf(enveloped))
+	if !bytes.HasSuffix(data[:total], wire.CRLF) {
 		lc.countStore(rk)
-		lc.refuse(id, a.noreply, replyBadChunk)
+		lc.refuse(id, a.Noreply, wire.LineBadChunk)
 		return total
 	}
-	value, flags := data[lineLen:lineLen+a.vlen], a.flags
+	value, flags := data[lineLen:lineLen+a.Vlen], a.Flags
 	if enveloped && join {
 		// memcached cannot join bytes to an envelope: the value is read,
 		// joined and written back (see loopmodify.go).
 		lc.countStore(rk)
-		lc.modify(id, a.key, rk, a.noreply, nil, value, func(c *conn, data []byte) rmw { return c.joinOp(id, data) })
+		lc.modify(id, a.Key, rk, a.Noreply, nil, value, func(c *conn, data []byte) rmw { return c.joinOp(id, data) })
 		return total
 	}
 	if enveloped {
-		value, flags = c.encodeFor(a.key, rk.bound, rk.postings, a.flags, value)
+		value, flags = c.encodeFor(a.Key, rk.bound, rk.postings, a.Flags, value)
 		if len(value) > int(c.p.cfg.MaxItemSize) {
 			lc.tooLarge(id, a, rk)
 			return total
 		}
 	}
 	tenant := lc.countStore(rk)
-	w := loopWrite{tenant: tenant, size: len(value), enveloped: enveloped, logical: a.vlen}
-	lc.command(id, rk.up, a.noreply, w, func(out []byte, _ uint32) []byte {
-		out = appendStorage(out, storageVerbs[id], string(rk.up), flags, a.exptime, len(value), a.cas, id == cmdCas)
+	w := loopWrite{tenant: tenant, size: len(value), enveloped: enveloped, logical: a.Vlen}
+	lc.command(id, rk.up, a.Noreply, w, func(out []byte, _ uint32) []byte {
+		out = wire.AppendStorage(out, wire.StorageVerbs[id], string(rk.up), flags, a.Exptime, len(value), a.CAS, id == wire.CmdCas)
 		out = append(out, value...)
-		return append(out, crlf...)
+		return append(out, wire.CRLF...)
 	})
 	return total
 }
@@ -296,46 +296,46 @@ func (lc *loopClient) countStore(rk resolvedKey) *tenantCounters {
 // rather than keep serving it after a set it could not store. The
 // refusal's reply does not wait for the delete's: a later request of the
 // client's to the key is queued after it.
-func (lc *loopClient) tooLarge(id int, a storeArgs, rk resolvedKey) {
+func (lc *loopClient) tooLarge(id int, a wire.StoreArgs, rk resolvedKey) {
 	c := lc.c
 	lc.countStore(rk)
 	lc.local(id, func() {
 		c.p.stats.record(id, outcomeClientError)
-		c.noreply = a.noreply
-		c.reply(replyTooLarge)
+		c.noreply = a.Noreply
+		c.reply(wire.LineTooLarge)
 	})
-	if id == cmdSet {
-		lc.command(cmdDelete, rk.up, true, loopWrite{refused: true}, func(out []byte, _ uint32) []byte {
-			return appendKeyCommand(out, keyVerbs[cmdDelete], string(rk.up), nil)
+	if id == wire.CmdSet {
+		lc.command(wire.CmdDelete, rk.up, true, loopWrite{refused: true}, func(out []byte, _ uint32) []byte {
+			return appendKeyCommand(out, keyVerbs[wire.CmdDelete], string(rk.up), nil)
 		})
 	}
 }
 
 // keyVerbs names the commands of one key and no data sent upstream as they
 // are; incr and decr go as meta arithmetic (wire.AppendArith).
-var keyVerbs = [numCommands]string{cmdDelete: "delete ", cmdTouch: "touch "}
+var keyVerbs = [wire.NumCommands]string{wire.CmdDelete: "delete ", wire.CmdTouch: "touch "}
 
 // keyCommand sends a delete, touch, incr or decr; one refused, or of a
 // key no server can hold, is answered in its place (see
 // refuseKeyCommand).
 func (lc *loopClient) keyCommand(id int, w [][]byte) {
 	key := w[1]
-	noreply := bytes.Equal(w[len(w)-1], noreplyWord)
+	noreply := bytes.Equal(w[len(w)-1], wire.NoreplyWord)
 	var arg []byte
 	var delta uint64
 	// A request refused before memcached is asked anything (a key or
 	// an argument the proxy does not take) is answered in its place.
 	local := !lc.validKey(key)
 	switch id {
-	case cmdDelete:
+	case wire.CmdDelete:
 		local = local || !deleteForm(w)
-	case cmdTouch:
+	case wire.CmdTouch:
 		// A fourth word other than noreply is ignored, as memcached does.
 		exptime, ok := wire.ParseInt32(w[2])
 		local = local || !ok
 		arg = strconv.AppendInt(lc.c.scratch[:0], int64(exptime), 10)
 		lc.c.scratch = arg
-	case cmdIncr, cmdDecr:
+	case wire.CmdIncr, wire.CmdDecr:
 		var ok bool
 		if delta, ok = wire.ParseUint64(w[2]); !ok {
 			local = true
@@ -343,7 +343,7 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) {
 			// The number of an enveloped value is changed by a
 			// read-modify-write (see modify).
 			rk := lc.c.resolve(key, postingsIf(enveloped))
-			incr := id == cmdIncr
+			incr := id == wire.CmdIncr
 			lc.modify(id, key, rk, noreply, nil, nil, func(c *conn, _ []byte) rmw { return c.arithOp(id, incr, delta) })
 			return
 		}
@@ -354,8 +354,8 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) {
 	}
 	up := lc.c.resolve(key, 0).up
 	lc.command(id, up, noreply, loopWrite{}, func(out []byte, tag uint32) []byte {
-		if id == cmdIncr || id == cmdDecr {
-			return wire.AppendArith(out, id == cmdIncr, up, delta, tag)
+		if id == wire.CmdIncr || id == wire.CmdDecr {
+			return wire.AppendArith(out, id == wire.CmdIncr, up, delta, tag)
 		}
 		return appendKeyCommand(out, keyVerbs[id], string(up), arg)
 	})

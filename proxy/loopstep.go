@@ -19,12 +19,12 @@ import (
 
 // cmdReplies is the family of replies to each command of one key the loop
 // sends as it is.
-var cmdReplies = [numCommands]wire.Reply{
-	cmdSet: wire.ReplyStorage, cmdAdd: wire.ReplyStorage, cmdReplace: wire.ReplyStorage,
-	cmdAppend: wire.ReplyStorage, cmdPrepend: wire.ReplyStorage, cmdCas: wire.ReplyStorage,
-	cmdDelete: wire.ReplyDelete, cmdTouch: wire.ReplyTouch, cmdIncr: wire.ReplyMetaArith, cmdDecr: wire.ReplyMetaArith,
-	cmdMetaSet: wire.ReplyMetaSet, cmdMetaDelete: wire.ReplyMetaDelete, cmdMetaGet: wire.ReplyMetaGet, cmdMetaArithmetic: wire.ReplyMetaArith,
-	cmdMetaDebug: wire.ReplyMetaDebug,
+var cmdReplies = [wire.NumCommands]wire.Reply{
+	wire.CmdSet: wire.ReplyStorage, wire.CmdAdd: wire.ReplyStorage, wire.CmdReplace: wire.ReplyStorage,
+	wire.CmdAppend: wire.ReplyStorage, wire.CmdPrepend: wire.ReplyStorage, wire.CmdCas: wire.ReplyStorage,
+	wire.CmdDelete: wire.ReplyDelete, wire.CmdTouch: wire.ReplyTouch, wire.CmdIncr: wire.ReplyMetaArith, wire.CmdDecr: wire.ReplyMetaArith,
+	wire.CmdMetaSet: wire.ReplyMetaSet, wire.CmdMetaDelete: wire.ReplyMetaDelete, wire.CmdMetaGet: wire.ReplyMetaGet, wire.CmdMetaArithmetic: wire.ReplyMetaArith,
+	wire.CmdMetaDebug: wire.ReplyMetaDebug,
 }
 
 // checkReply checks the whole reply of r, the first request queued, whose
@@ -35,7 +35,7 @@ var cmdReplies = [numCommands]wire.Reply{
 // out of step.
 func (u *loopUpstream) checkReply(r *loopReq, reply []byte, vals []valueAt) (_ []byte, err error, bad *upstream.OutOfStepError) {
 	switch {
-	case r.store && r.expect == wire.ReplyMetaArith && r.slot.id == cmdMetaArithmetic:
+	case r.store && r.expect == wire.ReplyMetaArith && r.slot.id == wire.CmdMetaArithmetic:
 		// A client's ma, tagged as an incr is, answered in its meta form.
 		if !r.expect.Fits(reply) || !wire.MetaTagged(reply, r.slot.tag) {
 			return nil, nil, outOfStepAt(reply)
@@ -52,7 +52,7 @@ func (u *loopUpstream) checkReply(r *loopReq, reply []byte, vals []valueAt) (_ [
 		}
 	case r.meta:
 		// replyScan.feed checked each line.
-	case !bytes.HasSuffix(reply, replyEnd):
+	case !bytes.HasSuffix(reply, wire.LineEnd):
 		// A retrieval answered by one line other than END: memcached's
 		// own error, whose keys are misses, or a reply out of step.
 		if !wire.IsError(reply) || wire.OutOfStep(reply) {

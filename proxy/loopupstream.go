@@ -112,7 +112,7 @@ const loopJoinReplyMax = loopChunkRoom
 func (u *loopUpstream) joinable(id, n int) *loopReq {
 	h := u.join
 	if h == nil || n > loopJoinKeys || u.replyMean > loopJoinReplyMax || len(u.out) != u.joinEnd || u.q.len() == u.sent ||
-		(h.slot.id == cmdGets) != (id == cmdGets) || u.joinKeys+n > u.ls.l.p.cfg.GetBatchKeys {
+		(h.slot.id == wire.CmdGets) != (id == wire.CmdGets) || u.joinKeys+n > u.ls.l.p.cfg.GetBatchKeys {
 		return nil
 	}
 	return h
@@ -346,7 +346,7 @@ func (u *loopUpstream) admit(r *loopReq) bool {
 func (p *Proxy) countDropped(r *loopReq, reply []byte, err error) {
 	switch r.drop {
 	case dropCorrupt:
-		if err == nil && bytes.Equal(reply, replyDeleted) {
+		if err == nil && bytes.Equal(reply, wire.LineDeleted) {
 			p.stats.codecDeleted.Add(1)
 		}
 	case dropFill:
@@ -354,7 +354,7 @@ func (p *Proxy) countDropped(r *loopReq, reply []byte, err error) {
 		switch {
 		case err != nil:
 			result = fillFailed
-		case bytes.Equal(reply, replyStored), bytes.HasPrefix(reply, metaCodeStored): // add's, or an mg fill's ms
+		case bytes.Equal(reply, wire.LineStored), bytes.HasPrefix(reply, metaCodeStored): // add's, or an mg fill's ms
 			result = fillStored
 		}
 		if mayHaveStored(result) && p.wroteSinceOf(r.key, r.gen) {

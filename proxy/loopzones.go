@@ -21,7 +21,7 @@ func (p *Proxy) zoneByZone(id int) bool {
 		return true
 	}
 	switch id {
-	case cmdReplace, cmdCas, cmdAppend, cmdPrepend, cmdIncr, cmdDecr:
+	case wire.CmdReplace, wire.CmdCas, wire.CmdAppend, wire.CmdPrepend, wire.CmdIncr, wire.CmdDecr:
 		return true
 	}
 	return false
@@ -58,7 +58,7 @@ func (s *loopSlot) decide(r *loopReq, reply []byte, err error) (answer []byte, d
 	p := s.client.c.p
 	z := s.zone
 	r.err, r.buf = err, append(r.buf[:0], reply...)
-	if s.kind == cmdAdd {
+	if s.kind == wire.CmdAdd {
 		if err == nil {
 			return r.buf, true, nil
 		}
@@ -78,7 +78,7 @@ func (s *loopSlot) decide(r *loopReq, reply []byte, err error) (answer []byte, d
 		s.tryZone(z + 1)
 		return nil, false, nil
 	}
-	if s.kind == cmdAdd {
+	if s.kind == wire.CmdAdd {
 		return r.buf, true, r.err
 	}
 	var first *loopReq
@@ -128,23 +128,23 @@ func (s *loopSlot) align(reply []byte) {
 	case s.meta != nil:
 		// An ms or md: the request made for it when it was sent.
 		// An ma that took answers VA as well as HD.
-		took := oc == outcomeStored || s.id == cmdMetaArithmetic && oc == outcomeOK
+		took := oc == outcomeStored || s.id == wire.CmdMetaArithmetic && oc == outcomeOK
 		if req = s.meta.alignReq(); req == nil || !took {
 			return
 		}
 		s.alignAll(req)
 		return
-	case (s.id == cmdReplace || s.id == cmdCas) && oc == outcomeStored:
+	case (s.id == wire.CmdReplace || s.id == wire.CmdCas) && oc == outcomeStored:
 		// The kept request, "<verb> <key> <flags> <exptime> <bytes>[ <cas>]"
 		// and the value, as a set.
-		line, value, _ := bytes.Cut(s.arena, crlf)
+		line, value, _ := bytes.Cut(s.arena, wire.CRLF)
 		words := bytes.Fields(line)
 		req = append(s.keys[:0], "set"...)
 		for _, w := range words[1:5] {
 			req = append(append(req, ' '), w...)
 		}
-		req = append(append(req, crlf...), value...)
-	case (s.id == cmdAppend || s.id == cmdPrepend) && oc == outcomeStored, (s.id == cmdIncr || s.id == cmdDecr) && oc == outcomeOK:
+		req = append(append(req, wire.CRLF...), value...)
+	case (s.id == wire.CmdAppend || s.id == wire.CmdPrepend) && oc == outcomeStored, (s.id == wire.CmdIncr || s.id == wire.CmdDecr) && oc == outcomeOK:
 		req = appendKeyCommand(s.keys[:0], "delete ", string(s.ups), nil)
 	default:
 		return
@@ -271,7 +271,7 @@ func (s *loopSlot) fill() {
 		if s.touch {
 			exptime = s.exptime // memcached tells the time to live before the touch
 		}
-		u.out = appendStorage(u.out, "add", string(key), o.flags, exptime, o.size, 0, false)
-		u.out = append(append(u.out, o.stored()...), crlf...)
+		u.out = wire.AppendStorage(u.out, "add", string(key), o.flags, exptime, o.size, 0, false)
+		u.out = append(append(u.out, o.stored()...), wire.CRLF...)
 	}
 }

@@ -14,38 +14,38 @@ import (
 // m: the client's flags but q, which would leave a shared connection short
 // of a reply, and N only when vivify is set.
 func (c *conn) metaArithmeticReq(m *metaReq, k string, vivify bool) []byte {
-	dst := appendMetaHead(c.req[:0], "ma ", k, m.wireBin)
-	for _, f := range m.flags[:m.nflags] {
+	dst := appendMetaHead(c.req[:0], "ma ", k, m.WireBin)
+	for _, f := range m.Flags[:m.NFlags] {
 		switch f[0] {
 		case 't', 'c', 'v':
 			dst = append(dst, ' ', f[0])
 		case 'T':
-			dst = appendMetaFlag(dst, 'T', int64(m.ttl))
+			dst = appendMetaFlag(dst, 'T', int64(m.TTL))
 		case 'N':
 			if vivify {
-				dst = appendMetaFlag(dst, 'N', int64(m.vivify))
+				dst = appendMetaFlag(dst, 'N', int64(m.Vivify))
 			}
 		case 'J':
 			dst = append(dst, " J"...)
-			dst = strconv.AppendUint(dst, m.initial, 10)
+			dst = strconv.AppendUint(dst, m.Initial, 10)
 		case 'D':
 			dst = append(dst, " D"...)
-			dst = strconv.AppendUint(dst, m.delta, 10)
+			dst = strconv.AppendUint(dst, m.Delta, 10)
 		case 'C':
 			dst = append(dst, " C"...)
-			dst = strconv.AppendUint(dst, m.cas, 10)
+			dst = strconv.AppendUint(dst, m.CAS, 10)
 		case 'M':
-			dst = append(dst, ' ', 'M', m.mode)
+			dst = append(dst, ' ', 'M', m.Mode)
 		}
 	}
-	c.req = append(dst, crlf...)
+	c.req = append(dst, wire.CRLF...)
 	return c.req
 }
 
 // metaArithOp is the read-modify-write of ma m. A missing item is NF, or
 // with N created from J (default 0), with N's time to live, by an add.
 func (c *conn) metaArithOp(m *metaReq) rmw {
-	id := cmdMetaArithmetic
+	id := wire.CmdMetaArithmetic
 	var n uint64
 	var oldTTL int32
 	return rmw{
@@ -53,23 +53,23 @@ func (c *conn) metaArithOp(m *metaReq) rmw {
 			return false, c.metaAnswer(id, m, metaCodeNotFound, nil, nil)
 		},
 		create: func() ([]byte, int64, bool) {
-			if !m.hasVivify {
+			if !m.HasVivify {
 				return nil, 0, false
 			}
-			c.tmp = strconv.AppendUint(c.tmp[:0], m.initial, 10)
+			c.tmp = strconv.AppendUint(c.tmp[:0], m.Initial, 10)
 			return c.tmp, wire.ExptimeOf(metaTTL(m, -1, true)), true
 		},
 		created: func(cas uint64) error {
-			m.quiet = false // memcached answers a creation even when asked quietly
-			return c.metaArithmeticAnswer(m, m.initial, cas, -1, true)
+			m.Quiet = false // memcached answers a creation even when asked quietly
+			return c.metaArithmeticAnswer(m, m.Initial, cas, -1, true)
 		},
 		change: func(old []byte, it *upstream.MetaItem) (bool, error) {
-			if m.hasCAS && m.cas != 0 && it.CAS != m.cas { // ma reads C0 as no CAS
+			if m.HasCAS && m.CAS != 0 && it.CAS != m.CAS { // ma reads C0 as no CAS
 				return false, c.metaAnswer(id, m, metaCodeExists, nil, nil)
 			}
 			var ok bool
-			if n, ok = c.count(old, m.mode != 'D' && m.mode != '-', m.delta); !ok {
-				return false, c.clientError(id, replyNonNumeric)
+			if n, ok = c.count(old, m.Mode != 'D' && m.Mode != '-', m.Delta); !ok {
+				return false, c.clientError(id, wire.LineNonNumeric)
 			}
 			oldTTL = it.TTL
 			it.TTL = metaTTL(m, oldTTL, false)
@@ -88,13 +88,13 @@ func (c *conn) metaArithOp(m *metaReq) rmw {
 // time to live, and N does when the item was just created. It returns the
 // time to live the item ends with (seconds, -1: never).
 func metaTTL(m *metaReq, ttl int32, created bool) int32 {
-	for _, f := range m.flags[:m.nflags] {
+	for _, f := range m.Flags[:m.NFlags] {
 		switch f[0] {
 		case 'T':
-			ttl = ttlOf(m.ttl)
+			ttl = ttlOf(m.TTL)
 		case 'N':
 			if created {
-				ttl = ttlOf(m.vivify)
+				ttl = ttlOf(m.Vivify)
 			}
 		}
 	}
@@ -119,25 +119,25 @@ func ttlOf(exptime int32) int32 {
 // number, c the new CAS value, t the time to live as it stood where the
 // client put t.
 func (c *conn) metaArithmeticAnswer(m *metaReq, n, cas uint64, ttl int32, created bool) error {
-	c.p.stats.record(cmdMetaArithmetic, outcomeOK)
-	if m.quiet {
+	c.p.stats.record(wire.CmdMetaArithmetic, outcomeOK)
+	if m.Quiet {
 		return nil
 	}
 	out := c.mst.out[:0]
 	c.scratch = strconv.AppendUint(c.scratch[:0], n, 10)
-	if m.value {
-		out = append(out, metaValue...)
+	if m.Value {
+		out = append(out, wire.LineMetaValue...)
 		out = strconv.AppendInt(out, int64(len(c.scratch)), 10)
 	} else {
 		out = append(out, metaCodeStored...)
 	}
-	for _, f := range m.flags[:m.nflags] {
+	for _, f := range m.Flags[:m.NFlags] {
 		switch f[0] {
 		case 'T':
-			ttl = ttlOf(m.ttl)
+			ttl = ttlOf(m.TTL)
 		case 'N':
 			if created {
-				ttl = ttlOf(m.vivify)
+				ttl = ttlOf(m.Vivify)
 			}
 		case 'c':
 			out = append(out, " c"...)
@@ -147,12 +147,12 @@ func (c *conn) metaArithmeticAnswer(m *metaReq, n, cas uint64, ttl int32, create
 		case 'O':
 			out = append(append(out, ' '), f...)
 		case 'k':
-			out = appendMetaKey(out, m.key, m.bin)
+			out = appendMetaKey(out, m.Key, m.Bin)
 		}
 	}
-	out = append(out, crlf...)
-	if m.value {
-		out = append(append(out, c.scratch...), crlf...)
+	out = append(out, wire.CRLF...)
+	if m.Value {
+		out = append(append(out, c.scratch...), wire.CRLF...)
 	}
 	c.mst.out = out
 	c.wr.Write(out)

@@ -25,7 +25,7 @@ func metaSeedLines() []string {
 }
 
 // FuzzMetaRequest feeds arbitrary lines to the meta request parser, as the
-// connection hands them over: split by parseLine, then read by parseMeta
+// connection hands them over: split by wire.ParseLine, then read by wire.ParseMeta
 // with memcached's key limit and without it. It must never panic (every
 // read out of bounds would), and what it accepts must be what memcached
 // accepts: known flags, each once, an opaque within its limit, and a key
@@ -42,57 +42,57 @@ func FuzzMetaRequest(f *testing.F) {
 		if i := bytes.IndexByte(line, 0); i >= 0 {
 			line = line[:i]
 		}
-		cmd, words, v := parseLine(make([][]byte, 0, maxTokens), line)
-		if v != verdictRun || cmd.id < cmdMetaGet || cmd.id > cmdMetaDebug {
+		cmd, words, v := wire.ParseLine(make([][]byte, 0, wire.MaxTokens), line)
+		if v != wire.VerdictRun || cmd.ID < wire.CmdMetaGet || cmd.ID > wire.CmdMetaDebug {
 			return
 		}
-		var m metaReq
+		var m wire.Meta
 		for _, limit := range []bool{true, false} {
-			parseMeta(&m, words, limit)
+			wire.ParseMeta(&m, words, limit)
 			checkMetaReq(t, &m, line, words, limit)
 		}
 	})
 }
 
 // checkMetaReq checks what parseMeta made of words.
-func checkMetaReq(t *testing.T, m *metaReq, line []byte, words [][]byte, limit bool) {
+func checkMetaReq(t *testing.T, m *wire.Meta, line []byte, words [][]byte, limit bool) {
 	t.Helper()
-	if m.verb != words[0][1] {
-		t.Fatalf("%q: verb %q", line, m.verb)
+	if m.Verb != words[0][1] {
+		t.Fatalf("%q: verb %q", line, m.Verb)
 	}
-	if m.err != nil || m.verb == 'n' {
+	if m.Err != nil || m.Verb == 'n' {
 		return
 	}
-	if limit && len(m.raw) > keyMaxLength {
-		t.Fatalf("%q: accepted a %d-byte key", line, len(m.raw))
+	if limit && len(m.Raw) > wire.KeyMaxLength {
+		t.Fatalf("%q: accepted a %d-byte key", line, len(m.Raw))
 	}
-	if !m.bin && !bytes.Equal(m.key, m.raw) || m.bin && len(m.key) == 0 {
-		t.Fatalf("%q: key %q from %q", line, m.key, m.raw)
+	if !m.Bin && !bytes.Equal(m.Key, m.Raw) || m.Bin && len(m.Key) == 0 {
+		t.Fatalf("%q: key %q from %q", line, m.Key, m.Raw)
 	}
-	if m.bin {
+	if m.Bin {
 		// Canonical base64 must decode as the standard library does.
-		if std, err := base64.StdEncoding.DecodeString(string(m.raw)); err == nil && !bytes.Equal(std, m.key) {
-			t.Fatalf("%q: decoded %q, want %q", line, m.key, std)
+		if std, err := base64.StdEncoding.DecodeString(string(m.Raw)); err == nil && !bytes.Equal(std, m.Key) {
+			t.Fatalf("%q: decoded %q, want %q", line, m.Key, std)
 		}
 	}
-	if m.verb == 'e' {
+	if m.Verb == 'e' {
 		return
 	}
-	if len(words)+1 > metaMaxTokens {
+	if len(words)+1 > wire.MetaMaxTokens {
 		t.Fatalf("%q: accepted %d tokens", line, len(words)+1)
 	}
 	var seen uint64
-	for _, f := range m.flags[:m.nflags] {
-		if strings.IndexByte(metaFlagLetters, f[0]) < 0 || seen&metaFlagBit(f[0]) != 0 {
+	for _, f := range m.Flags[:m.NFlags] {
+		if strings.IndexByte(wire.MetaFlagLetters, f[0]) < 0 || seen&wire.MetaFlagBit(f[0]) != 0 {
 			t.Fatalf("%q: accepted flag %q", line, f)
 		}
-		seen |= metaFlagBit(f[0])
+		seen |= wire.MetaFlagBit(f[0])
 	}
-	if len(m.opaque) > metaMaxOpaque {
-		t.Fatalf("%q: accepted opaque %q", line, m.opaque)
+	if len(m.Opaque) > wire.MetaMaxOpaque {
+		t.Fatalf("%q: accepted opaque %q", line, m.Opaque)
 	}
-	if m.verb == 's' && (!m.vlenOK || m.vlen < 0) {
-		t.Fatalf("%q: accepted length %d", line, m.vlen)
+	if m.Verb == 's' && (!m.VlenOK || m.Vlen < 0) {
+		t.Fatalf("%q: accepted length %d", line, m.Vlen)
 	}
 }
 
@@ -103,15 +103,15 @@ func FuzzMetaBase64(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		appendBase64Decode(nil, b)
+		wire.AppendBase64Decode(nil, b)
 		if len(b) == 0 {
 			return
 		}
-		enc := appendBase64(nil, b)
+		enc := wire.AppendBase64(nil, b)
 		if want := base64.StdEncoding.EncodeToString(b); string(enc) != want {
 			t.Fatalf("encode %q = %q, want %q", b, enc, want)
 		}
-		if dec := appendBase64Decode(nil, enc); !bytes.Equal(dec, b) {
+		if dec := wire.AppendBase64Decode(nil, enc); !bytes.Equal(dec, b) {
 			t.Fatalf("decode(encode(%q)) = %q", b, dec)
 		}
 	})
@@ -133,16 +133,16 @@ func BenchmarkMetaParse(b *testing.B) {
 	for _, tc := range metaParseLines {
 		b.Run(tc.name, func(b *testing.B) {
 			line := []byte(tc.line)
-			words := make([][]byte, 0, maxTokens)
-			var m metaReq
+			words := make([][]byte, 0, wire.MaxTokens)
+			var m wire.Meta
 			b.ReportAllocs()
 			b.SetBytes(int64(len(line)))
 			for b.Loop() {
-				var v verdict
-				_, words, v = parseLine(words, line)
-				parseMeta(&m, words, true)
-				if v != verdictRun || m.err != nil {
-					b.Fatalf("%q: %q", line, m.err)
+				var v wire.Verdict
+				_, words, v = wire.ParseLine(words, line)
+				wire.ParseMeta(&m, words, true)
+				if v != wire.VerdictRun || m.Err != nil {
+					b.Fatalf("%q: %q", line, m.Err)
 				}
 			}
 		})
@@ -154,12 +154,12 @@ func BenchmarkMetaParse(b *testing.B) {
 func TestMetaParseAllocatesNothing(t *testing.T) {
 	for _, tc := range metaParseLines {
 		line := []byte(tc.line)
-		words := make([][]byte, 0, maxTokens)
-		var m metaReq
-		parseMeta(&m, [][]byte{[]byte("mg"), []byte("Zm9v"), []byte("b")}, true) // grows keyBuf
+		words := make([][]byte, 0, wire.MaxTokens)
+		var m wire.Meta
+		wire.ParseMeta(&m, [][]byte{[]byte("mg"), []byte("Zm9v"), []byte("b")}, true) // grows keyBuf
 		allocs := testing.AllocsPerRun(100, func() {
-			_, words, _ = parseLine(words, line)
-			parseMeta(&m, words, true)
+			_, words, _ = wire.ParseLine(words, line)
+			wire.ParseMeta(&m, words, true)
 		})
 		if allocs != 0 {
 			t.Errorf("%s: %.1f allocations per parse", tc.name, allocs)
@@ -224,15 +224,15 @@ func metaFuzzRequest(input []byte, withoutDebug bool) []byte {
 		if i := bytes.IndexByte(l, 0); i >= 0 {
 			l = l[:i]
 		}
-		if len(l) > lineLimit {
+		if len(l) > wire.LineLimit {
 			continue
 		}
 		w := bytes.Fields(bytes.ReplaceAll(l, []byte("\t"), []byte("x")))
 		if len(w) == 0 || len(w[0]) != 2 || w[0][0] != 'm' || withoutDebug && w[0][1] == 'e' {
 			continue
 		}
-		words, _ := wire.Tokenize(nil, l, maxTokens-1)
-		if len(words) > 1 && !forwardable(words[1]) {
+		words, _ := wire.Tokenize(nil, l, wire.MaxTokens-1)
+		if len(words) > 1 && !wire.Forwardable(words[1]) {
 			continue
 		}
 		if shortLived(words) {
@@ -240,7 +240,7 @@ func metaFuzzRequest(input []byte, withoutDebug bool) []byte {
 		}
 		var block []byte
 		if w[0][1] == 's' {
-			if len(words) > 1 && len(words[1]) > keyMaxLength || len(words)+1 > metaMaxTokens {
+			if len(words) > 1 && len(words[1]) > wire.KeyMaxLength || len(words)+1 > wire.MetaMaxTokens {
 				continue
 			}
 			if len(words) > 2 {

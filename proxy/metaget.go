@@ -13,13 +13,13 @@ import (
 
 // metaMiss answers a meta get that found nothing: EN, unless quiet.
 func (c *conn) metaMiss(m *metaReq) {
-	c.p.stats.record(cmdMetaGet, outcomeMiss)
+	c.p.stats.record(wire.CmdMetaGet, outcomeMiss)
 	c.writeMetaMiss(m)
 }
 
 // writeMetaMiss writes EN, unless quiet.
 func (c *conn) writeMetaMiss(m *metaReq) {
-	if m.quiet {
+	if m.Quiet {
 		return
 	}
 	c.mst.out = appendMetaNoItem(append(c.mst.out[:0], metaCodeMiss...), m)
@@ -31,8 +31,8 @@ func (c *conn) writeMetaMiss(m *metaReq) {
 // an item gone in under a second, which is not worth it.
 func metaFillExptime(m *metaReq, r *metaReply) (exptime int64, ok bool) {
 	switch tok, _ := r.flag('t'); {
-	case m.hasTTL:
-		return int64(m.ttl), true
+	case m.HasTTL:
+		return int64(m.TTL), true
 	case string(tok) == "-1":
 		return 0, true
 	default:
@@ -50,7 +50,7 @@ func metaFillExptime(m *metaReq, r *metaReply) (exptime int64, ok bool) {
 func appendMetaFill(dst []byte, k string, bin bool, size int, flags uint32, exptime int64) []byte {
 	dst = append(dst, "ms "...)
 	if bin {
-		dst = appendBase64(dst, []byte(k))
+		dst = wire.AppendBase64(dst, []byte(k))
 	} else {
 		dst = append(dst, k...)
 	}
@@ -72,13 +72,13 @@ func appendMetaFill(dst []byte, k string, bin bool, size int, flags uint32, expt
 func (c *conn) metaGetAnswer(m *metaReq, bound bool, line, value []byte, srv *upstream.Server, err error) (hit *metaReply, storedFlags uint32, damaged bool) {
 	if err != nil {
 		if c.p.cfg.RetrievalFailure == failureError {
-			c.upstreamError(cmdMetaGet, srv, err)
+			c.upstreamError(wire.CmdMetaGet, srv, err)
 			return nil, 0, false
 		}
 		// A miss for the client, an upstream error in the counters.
 		srv.DropIdle(err)
 		c.metaCountKey(m, false)
-		c.p.stats.record(cmdMetaGet, outcomeUpstreamError)
+		c.p.stats.record(wire.CmdMetaGet, outcomeUpstreamError)
 		c.writeMetaMiss(m)
 		return nil, 0, false
 	}
@@ -96,7 +96,7 @@ func (c *conn) metaGetAnswer(m *metaReq, bound bool, line, value []byte, srv *up
 			return nil, 0, false
 		}
 		// memcached's own error (refcount overflow, out of memory).
-		c.answer(cmdMetaGet, line)
+		c.answer(wire.CmdMetaGet, line)
 		return nil, 0, false
 	}
 	var flags uint32
@@ -108,7 +108,7 @@ func (c *conn) metaGetAnswer(m *metaReq, bound bool, line, value []byte, srv *up
 		enveloped := c.p.codec.IsEnveloped(flags)
 		switch {
 		case enveloped:
-			c.keyBuf = append(c.keyBuf[:0], m.key...)
+			c.keyBuf = append(c.keyBuf[:0], m.Key...)
 			value, flags, ok, damaged = c.openValue(c.keyBuf, bound, flags, value)
 			if !ok {
 				c.metaCountKey(m, false)
@@ -127,15 +127,15 @@ func (c *conn) metaGetAnswer(m *metaReq, bound bool, line, value []byte, srv *up
 	}
 	codec := c.p.codec != nil
 	c.metaCountKey(m, true)
-	c.p.stats.record(cmdMetaGet, outcomeHit)
+	c.p.stats.record(wire.CmdMetaGet, outcomeHit)
 	out := c.mst.out[:0]
-	if m.value {
-		out = append(out, metaValue...)
+	if m.Value {
+		out = append(out, wire.LineMetaValue...)
 		out = strconv.AppendInt(out, int64(len(value)), 10)
 	} else {
 		out = append(out, metaCodeStored...)
 	}
-	for _, f := range m.flags[:m.nflags] {
+	for _, f := range m.Flags[:m.NFlags] {
 		switch l := f[0]; l {
 		case 's':
 			if codec {
@@ -153,7 +153,7 @@ func (c *conn) metaGetAnswer(m *metaReq, bound bool, line, value []byte, srv *up
 			out = append(append(out, ' '), f...)
 		case 'k':
 			_, bin := r.flag('b')
-			out = appendMetaKey(out, m.key, bin || m.bin && !m.wireBin)
+			out = appendMetaKey(out, m.Key, bin || m.Bin && !m.WireBin)
 		}
 	}
 	// memcached ends with Z (a win was sent), X (stale), W (won).
@@ -162,12 +162,12 @@ func (c *conn) metaGetAnswer(m *metaReq, bound bool, line, value []byte, srv *up
 			out = append(out, ' ', metaEndFlags[i])
 		}
 	}
-	out = append(out, crlf...)
+	out = append(out, wire.CRLF...)
 	c.mst.out = out
 	c.wr.Write(out)
-	if m.value {
+	if m.Value {
 		c.wr.Write(value)
-		c.wr.Write(crlf)
+		c.wr.Write(wire.CRLF)
 	}
 	return r, storedFlags, false
 }
@@ -177,31 +177,31 @@ func (c *conn) metaGetAnswer(m *metaReq, bound bool, line, value []byte, srv *up
 // the value and flags when an envelope may have to be opened (codec) or
 // the hit filled into the local zone, and the TTL for that fill.
 func (c *conn) appendMetaGet(dst []byte, k string, m *metaReq, codec, filling, vivify bool) []byte {
-	dst = appendMetaHead(dst, "mg ", k, m.wireBin)
-	for _, f := range m.flags[:m.nflags] {
+	dst = appendMetaHead(dst, "mg ", k, m.WireBin)
+	for _, f := range m.Flags[:m.NFlags] {
 		switch f[0] {
 		case 's', 't', 'c', 'f', 'l', 'h', 'v', 'u', 'k':
 			dst = append(dst, ' ', f[0])
 		case 'T':
-			dst = appendMetaFlag(dst, 'T', int64(m.ttl))
+			dst = appendMetaFlag(dst, 'T', int64(m.TTL))
 		case 'N':
 			if vivify {
-				dst = appendMetaFlag(dst, 'N', int64(m.vivify))
+				dst = appendMetaFlag(dst, 'N', int64(m.Vivify))
 			}
 		case 'R':
-			dst = appendMetaFlag(dst, 'R', int64(m.recache))
+			dst = appendMetaFlag(dst, 'R', int64(m.Recache))
 		}
 	}
-	if (codec || filling) && !m.has('v') {
+	if (codec || filling) && !m.Has('v') {
 		dst = append(dst, " v"...)
 	}
-	if (codec || filling) && !m.has('f') {
+	if (codec || filling) && !m.Has('f') {
 		dst = append(dst, " f"...)
 	}
-	if filling && !m.has('t') {
+	if filling && !m.Has('t') {
 		dst = append(dst, " t"...)
 	}
-	return append(dst, crlf...)
+	return append(dst, wire.CRLF...)
 }
 
 // metaEndFlags are the flags memcached appends to an mg hit, in its order.
@@ -210,7 +210,7 @@ const metaEndFlags = "ZXW"
 // metaCountKey counts an mg's key as a retrieval's, hit or miss, for
 // the proxy and for the key's tenant.
 func (c *conn) metaCountKey(m *metaReq, hit bool) {
-	tally := keyTally{touch: m.hasTTL}
+	tally := keyTally{touch: m.HasTTL}
 	tally.add(c.p.tenants.counters(m.rk.tenant), hit)
 	tally.flush(c.p.stats)
 }
@@ -219,26 +219,26 @@ func (c *conn) metaCountKey(m *metaReq, hit bool) {
 // line, or err, from srv, as both paths answer it.
 func (c *conn) metaDebugAnswer(m *metaReq, k string, line []byte, srv *upstream.Server, err error) {
 	if err != nil {
-		c.upstreamError(cmdMetaDebug, srv, err)
+		c.upstreamError(wire.CmdMetaDebug, srv, err)
 		return
 	}
 	rest, ok := bytes.CutPrefix(line, []byte("ME "))
 	if !ok {
 		oc := outcomeMiss
-		if !bytes.Equal(line, metaMiss) {
+		if !bytes.Equal(line, wire.LineMetaMiss) {
 			oc = replyOutcome(line)
 		}
-		c.p.stats.record(cmdMetaDebug, oc)
+		c.p.stats.record(wire.CmdMetaDebug, oc)
 		c.wr.Write(line)
 		return
 	}
-	c.p.stats.record(cmdMetaDebug, outcomeHit)
+	c.p.stats.record(wire.CmdMetaDebug, outcomeHit)
 	sent, info, _ := bytes.Cut(rest, []byte{' '})
 	out := append(c.mst.out[:0], "ME "...)
 	if string(sent) != k {
-		out = appendBase64(out, m.key) // memcached holds the key as binary
+		out = wire.AppendBase64(out, m.Key) // memcached holds the key as binary
 	} else {
-		out = append(out, m.key...)
+		out = append(out, m.Key...)
 	}
 	out = append(append(out, ' '), info...)
 	c.mst.out = out

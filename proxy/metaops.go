@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"mcsidecar/proxy/internal/wire"
 	"strconv"
 )
 
@@ -44,7 +45,7 @@ func (c *conn) metaParse(line []byte) (r *metaReply, ok bool) {
 // are sub-slices of line.
 func (r *metaReply) parse(line []byte) bool {
 	r.has = 0
-	if len(line) < 4 || line[2] != ' ' && line[2] != '\r' || !bytes.HasSuffix(line, crlf) {
+	if len(line) < 4 || line[2] != ' ' && line[2] != '\r' || !bytes.HasSuffix(line, wire.CRLF) {
 		return false
 	}
 	r.code = [2]byte{line[0], line[1]}
@@ -72,7 +73,7 @@ func (r *metaReply) parse(line []byte) bool {
 		if len(word) == 0 || word[0] < 'A' || word[0] > 'z' {
 			continue
 		}
-		r.has |= metaFlagBit(word[0])
+		r.has |= wire.MetaFlagBit(word[0])
 		r.tok[word[0]-'A'] = word[1:]
 	}
 	return true
@@ -80,7 +81,7 @@ func (r *metaReply) parse(line []byte) bool {
 
 // flag returns the token of return flag b, and whether it was there.
 func (r *metaReply) flag(b byte) ([]byte, bool) {
-	if r.has&metaFlagBit(b) == 0 {
+	if r.has&wire.MetaFlagBit(b) == 0 {
 		return nil, false
 	}
 	return r.tok[b-'A'], true
@@ -108,7 +109,7 @@ func appendMetaHead(dst []byte, verb string, k string, bin bool) []byte {
 	if !bin {
 		return append(dst, k...)
 	}
-	dst = appendBase64(dst, []byte(k))
+	dst = wire.AppendBase64(dst, []byte(k))
 	return append(dst, " b"...)
 }
 
@@ -125,29 +126,29 @@ func appendMetaKey(dst, key []byte, bin bool) []byte {
 	if !bin {
 		return append(dst, key...)
 	}
-	dst = appendBase64(dst, key)
+	dst = wire.AppendBase64(dst, key)
 	return append(dst, " b"...)
 }
 
 // appendMetaNoItem appends the flags memcached returns when there is no
 // item to describe (EN, NF, NS, EX): the opaque and the key.
 func appendMetaNoItem(dst []byte, m *metaReq) []byte {
-	for _, f := range m.flags[:m.nflags] {
+	for _, f := range m.Flags[:m.NFlags] {
 		switch f[0] {
 		case 'O':
 			dst = append(dst, ' ')
 			dst = append(dst, f...)
 		case 'k':
-			dst = appendMetaKey(dst, m.key, m.bin)
+			dst = appendMetaKey(dst, m.Key, m.Bin)
 		}
 	}
-	return append(dst, crlf...)
+	return append(dst, wire.CRLF...)
 }
 
 // metaNoop answers mn.
-func (c *conn) metaNoop([][]byte) {
-	c.p.stats.record(cmdMetaNoop, outcomeOK)
-	c.wr.Write(replyMetaNoop)
+func (c *conn) metaNoop() {
+	c.p.stats.record(wire.CmdMetaNoop, outcomeOK)
+	c.wr.Write(wire.LineMetaNoop)
 }
 
 // metaAnswer answers md or ma with code and the client's return flags in
@@ -157,7 +158,7 @@ func (c *conn) metaNoop([][]byte) {
 func (c *conn) metaAnswer(id int, m *metaReq, code []byte, r *metaReply, value []byte) error {
 	oc := metaOutcome(code, outcomeOK)
 	c.p.stats.record(id, oc)
-	if oc == outcomeOK && m.quiet {
+	if oc == outcomeOK && m.Quiet {
 		return nil
 	}
 	out := c.mst.out[:0]
@@ -165,15 +166,15 @@ func (c *conn) metaAnswer(id int, m *metaReq, code []byte, r *metaReply, value [
 		out = appendMetaNoItem(append(out, code...), m)
 	} else {
 		if value != nil {
-			out = append(out, metaValue...)
+			out = append(out, wire.LineMetaValue...)
 			out = strconv.AppendInt(out, int64(len(value)), 10)
 		} else {
 			out = append(out, code...)
 		}
-		for _, f := range m.flags[:m.nflags] {
+		for _, f := range m.Flags[:m.NFlags] {
 			switch l := f[0]; l {
 			case 'c', 't':
-				if id != cmdMetaArithmetic {
+				if id != wire.CmdMetaArithmetic {
 					continue
 				}
 				if tok, ok := r.flag(l); ok {
@@ -182,12 +183,12 @@ func (c *conn) metaAnswer(id int, m *metaReq, code []byte, r *metaReply, value [
 			case 'O':
 				out = append(append(out, ' '), f...)
 			case 'k':
-				out = appendMetaKey(out, m.key, m.bin)
+				out = appendMetaKey(out, m.Key, m.Bin)
 			}
 		}
-		out = append(out, crlf...)
+		out = append(out, wire.CRLF...)
 		if value != nil {
-			out = append(append(out, value...), crlf...)
+			out = append(append(out, value...), wire.CRLF...)
 		}
 	}
 	c.mst.out = out

@@ -5,6 +5,7 @@ package proxy
 import (
 	"strconv"
 
+	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -13,59 +14,59 @@ import (
 // invalidation; withCAS asks for the new CAS value back.
 func (c *conn) appendMetaStore(dst []byte, k string, m *metaReq, flags uint32, size int, withCAS bool) []byte {
 	dst = append(dst, "ms "...)
-	if m.wireBin {
-		dst = appendBase64(dst, []byte(k))
+	if m.WireBin {
+		dst = wire.AppendBase64(dst, []byte(k))
 	} else {
 		dst = append(dst, k...)
 	}
 	dst = append(dst, ' ')
 	dst = strconv.AppendInt(dst, int64(size), 10)
-	if m.wireBin {
+	if m.WireBin {
 		dst = append(dst, " b"...)
 	}
 	dst = appendMetaFlag(dst, 'F', int64(flags))
-	if m.hasTTL {
-		dst = appendMetaFlag(dst, 'T', int64(m.ttl))
+	if m.HasTTL {
+		dst = appendMetaFlag(dst, 'T', int64(m.TTL))
 	}
-	if m.hasCAS {
+	if m.HasCAS {
 		dst = append(dst, " C"...)
-		dst = strconv.AppendUint(dst, m.cas, 10)
+		dst = strconv.AppendUint(dst, m.CAS, 10)
 	}
-	if m.mode != 0 {
-		dst = append(dst, ' ', 'M', m.mode)
+	if m.Mode != 0 {
+		dst = append(dst, ' ', 'M', m.Mode)
 	}
-	if m.stale {
+	if m.Stale {
 		dst = append(dst, " I"...)
 	}
 	if withCAS {
 		dst = append(dst, " c"...)
 	}
-	return append(dst, crlf...)
+	return append(dst, wire.CRLF...)
 }
 
 // metaSetAnswer answers ms with code and the client's return flags in its
 // order; cas is the c flag's value. quiet hides HD only.
 func (c *conn) metaSetAnswer(m *metaReq, code, cas []byte) error {
 	oc := metaOutcome(code, outcomeStored)
-	c.p.stats.record(cmdMetaSet, oc)
-	if oc == outcomeStored && m.quiet {
+	c.p.stats.record(wire.CmdMetaSet, oc)
+	if oc == outcomeStored && m.Quiet {
 		return nil
 	}
 	if cas == nil {
 		cas = metaZero
 	}
 	out := append(c.mst.out[:0], code...)
-	for _, f := range m.flags[:m.nflags] {
+	for _, f := range m.Flags[:m.NFlags] {
 		switch f[0] {
 		case 'O':
 			out = append(append(out, ' '), f...)
 		case 'k':
-			out = appendMetaKey(out, m.key, m.bin)
+			out = appendMetaKey(out, m.Key, m.Bin)
 		case 'c':
 			out = append(append(out, " c"...), cas...)
 		}
 	}
-	c.mst.out = append(out, crlf...)
+	c.mst.out = append(out, wire.CRLF...)
 	c.wr.Write(c.mst.out)
 	return nil
 }
@@ -79,10 +80,10 @@ func (c *conn) metaJoinOp(m *metaReq, data []byte) rmw {
 	return rmw{
 		missing: func() (bool, error) { return false, c.metaSetAnswer(m, metaCodeNotStore, nil) },
 		change: func(old []byte, it *upstream.MetaItem) (bool, error) {
-			if m.hasCAS && it.CAS != m.cas {
+			if m.HasCAS && it.CAS != m.CAS {
 				return false, c.metaSetAnswer(m, metaCodeExists, nil)
 			}
-			c.join(m.mode == 'A', old, data)
+			c.join(m.Mode == 'A', old, data)
 			return true, nil
 		},
 		stored: func(notStored bool, cas uint64) (bool, error) {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"io"
+	"mcsidecar/proxy/internal/wire"
 	"strconv"
 	"strings"
 	"testing"
@@ -213,7 +214,7 @@ func TestMetaGetUpstreamFailureIsAMiss(t *testing.T) {
 	if got := metaDo(t, newLineClient(t, addr), "mg k v O1 k\r\n"); got != "EN O1 kk\r\n" {
 		t.Fatalf("mg answered %q", got)
 	}
-	if n := p.stats.requests[cmdMetaGet][outcomeUpstreamError].Load(); n != 1 {
+	if n := p.stats.requests[wire.CmdMetaGet][outcomeUpstreamError].Load(); n != 1 {
 		t.Errorf("%d mg upstream errors counted, want 1", n)
 	}
 }

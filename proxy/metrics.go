@@ -5,6 +5,7 @@ import (
 
 	"mcsidecar/codec"
 	"mcsidecar/keyspace"
+	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -119,9 +120,9 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	servers := m.p.uniqueServers()
 	upstream.CollectHealth(ch, servers)
-	for id := range numCommands {
+	for id := range wire.NumCommands {
 		for oc := range numOutcomes {
-			counter(m.requests, s.requests[id][oc].Load(), commands[id].name, outcomeNames[oc])
+			counter(m.requests, s.requests[id][oc].Load(), wire.Commands[id].Name, outcomeNames[oc])
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(m.connections, prometheus.GaugeValue, float64(s.currConns.Load()))

@@ -1,5 +1,7 @@
 package proxy
 
+import "mcsidecar/proxy/internal/wire"
+
 // What a client is owed: the replies it has not read.
 //
 // A client that sends requests and reads no replies must not make the
@@ -97,7 +99,7 @@ func (lc *loopClient) made(s *loopSlot) {
 	n := bufsLen(s.out)
 	lc.charge(s, n)
 	keys := len(s.owners)
-	if s.id == cmdMetaGet {
+	if s.id == wire.CmdMetaGet {
 		keys = 1
 	}
 	if keys == 0 {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -39,7 +40,7 @@ func TestRefusedCommandDoesNotDisturbOtherClients(t *testing.T) {
 		wg.Go(func() {
 			lc := newLineClient(t, addr)
 			for range rounds {
-				if r := lc.do("incr text 1\r\n"); r != string(replyNonNumeric) {
+				if r := lc.do("incr text 1\r\n"); r != string(wire.LineNonNumeric) {
 					report("incr of text: %q", r)
 				}
 				if r := lc.do("decr missing 1\r\n"); r != "NOT_FOUND\r\n" {
@@ -127,7 +128,7 @@ func TestStalledServerTimesOutItsQueue(t *testing.T) {
 			began := time.Now()
 			var r, want string
 			if i%2 == 0 {
-				r, want = lc.do("set a 0 0 1\r\nx\r\n"), string(replyUpstreamSlow)
+				r, want = lc.do("set a 0 0 1\r\nx\r\n"), string(wire.LineUpstreamSlow)
 			} else {
 				r, want = lc.do("get a\r\n"), "END\r\n"
 			}

@@ -18,6 +18,7 @@ import (
 
 	"mcsidecar/codec"
 	"mcsidecar/keyspace"
+	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/tier"
 	"mcsidecar/proxy/upstream"
 )
@@ -44,7 +45,7 @@ type Proxy struct {
 	guarding  bool               // guards(): writes are counted
 	keys      *keyspace.Keyspace // nil: keys are not rewritten
 	// keyLine is the longest a line that names a key may run without a
-	// newline (see keyedLineMax).
+	// newline (see wire.KeyedLineMax).
 	keyLine int
 	// schemeIndex numbers keys.SchemeNames() for the rewrite counters.
 	schemeIndex map[string]int
@@ -104,9 +105,9 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 		conns:   make(map[*conn]struct{}),
 	}
 	p.stats.log = log
-	p.keyLine = lineLimit
+	p.keyLine = wire.LineLimit
 	if ks != nil {
-		p.keyLine = keyedLineMax(ks.MaxClientLength())
+		p.keyLine = wire.KeyedLineMax(ks.MaxClientLength())
 	}
 	if cfg.LocalCacheSize > 0 {
 		p.tier = tier.New(int64(cfg.LocalCacheSize))

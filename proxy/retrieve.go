@@ -18,7 +18,7 @@ func (c *conn) checkKeys(id int, keys [][]byte) bool {
 	for _, k := range keys {
 		if !c.validKey(k) {
 			c.p.stats.record(id, outcomeClientError)
-			c.reply(replyBadFormat)
+			c.reply(wire.LineBadFormat)
 			return false
 		}
 	}

@@ -14,6 +14,7 @@ import (
 
 	"mcsidecar/codec"
 	"mcsidecar/keyspace"
+	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/tier"
 )
 
@@ -38,7 +39,7 @@ type stats struct {
 	connsIdleClosed          atomic.Uint64 // closed by --idle-timeout
 	connsOutputClosed        atomic.Uint64 // of those, closed with replies left unread (see output.go)
 	clientReadPauses         atomic.Uint64 // an event loop stopped reading a client (see loopUnreadMax)
-	requests                 [numCommands][numOutcomes]atomic.Uint64
+	requests                 [wire.NumCommands][numOutcomes]atomic.Uint64
 
 	// Values, when the codec is on: envelopes refused on read by reason
 	// (indexed by codec.Reason), damaged items deleted upstream, and the
@@ -66,7 +67,7 @@ type stats struct {
 	// to the reply buffered) and of upstream requests by server. The
 	// observers are resolved once, so an observation is a few atomic adds.
 	requestLatency  *prometheus.HistogramVec
-	latency         [numCommands]prometheus.Observer
+	latency         [wire.NumCommands]prometheus.Observer
 	upstreamLatency *prometheus.HistogramVec
 
 	baseMu sync.Mutex
@@ -92,8 +93,8 @@ func newStats() *stats {
 			Buckets: latencyBuckets,
 		}, []string{"server"}),
 	}
-	for id := range numCommands {
-		s.latency[id] = s.requestLatency.WithLabelValues(commands[id].name)
+	for id := range wire.NumCommands {
+		s.latency[id] = s.requestLatency.WithLabelValues(wire.Commands[id].Name)
 	}
 	return s
 }
@@ -177,7 +178,7 @@ type counters struct {
 	tierMutable                              uint64
 	codecRefused                             [16]uint64
 	keyRejected                              [8]uint64
-	requests                                 [numCommands][numOutcomes]uint64
+	requests                                 [wire.NumCommands][numOutcomes]uint64
 }
 
 func (s *stats) snapshot() counters {
@@ -264,18 +265,18 @@ func (s *stats) appendStats(b []byte, p *Proxy) []byte {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	num := func(name string, v uint64) {
-		b = append(b, replyStat...)
+		b = append(b, wire.LineStat...)
 		b = append(b, name...)
 		b = append(b, ' ')
 		b = strconv.AppendUint(b, v, 10)
-		b = append(b, crlf...)
+		b = append(b, wire.CRLF...)
 	}
 	str := func(name, v string) {
-		b = append(b, replyStat...)
+		b = append(b, wire.LineStat...)
 		b = append(b, name...)
 		b = append(b, ' ')
 		b = append(b, v...)
-		b = append(b, crlf...)
+		b = append(b, wire.CRLF...)
 	}
 	rusage := func(tv syscall.Timeval) string {
 		return strconv.FormatInt(tv.Sec, 10) + "." + leftPad(strconv.FormatInt(int64(tv.Usec), 10), 6)
@@ -294,21 +295,21 @@ func (s *stats) appendStats(b []byte, p *Proxy) []byte {
 	num("idle_kicks", c.connsIdleClosed)
 	num("cmd_get", c.cmdGet)
 	num("cmd_set", c.cmdSet)
-	num("cmd_flush", count(cmdFlushAll, outcomeOK))
-	num("cmd_touch", c.cmdTouch+count(cmdTouch, outcomeOK)+count(cmdTouch, outcomeNotFound))
+	num("cmd_flush", count(wire.CmdFlushAll, outcomeOK))
+	num("cmd_touch", c.cmdTouch+count(wire.CmdTouch, outcomeOK)+count(wire.CmdTouch, outcomeNotFound))
 	num("get_hits", c.getHits)
 	num("get_misses", c.getMisses)
-	num("delete_misses", count(cmdDelete, outcomeNotFound))
-	num("delete_hits", count(cmdDelete, outcomeOK))
-	num("incr_misses", count(cmdIncr, outcomeNotFound))
-	num("incr_hits", count(cmdIncr, outcomeOK))
-	num("decr_misses", count(cmdDecr, outcomeNotFound))
-	num("decr_hits", count(cmdDecr, outcomeOK))
-	num("cas_misses", count(cmdCas, outcomeNotFound))
-	num("cas_hits", count(cmdCas, outcomeStored))
-	num("cas_badval", count(cmdCas, outcomeExists))
-	num("touch_hits", c.touchHits+count(cmdTouch, outcomeOK))
-	num("touch_misses", c.touchMiss+count(cmdTouch, outcomeNotFound))
+	num("delete_misses", count(wire.CmdDelete, outcomeNotFound))
+	num("delete_hits", count(wire.CmdDelete, outcomeOK))
+	num("incr_misses", count(wire.CmdIncr, outcomeNotFound))
+	num("incr_hits", count(wire.CmdIncr, outcomeOK))
+	num("decr_misses", count(wire.CmdDecr, outcomeNotFound))
+	num("decr_hits", count(wire.CmdDecr, outcomeOK))
+	num("cas_misses", count(wire.CmdCas, outcomeNotFound))
+	num("cas_hits", count(wire.CmdCas, outcomeStored))
+	num("cas_badval", count(wire.CmdCas, outcomeExists))
+	num("touch_hits", c.touchHits+count(wire.CmdTouch, outcomeOK))
+	num("touch_misses", c.touchMiss+count(wire.CmdTouch, outcomeNotFound))
 	num("bytes_read", c.bytesRead)
 	num("bytes_written", c.bytesWritten)
 	num("threads", uint64(runtime.GOMAXPROCS(0)))
@@ -343,7 +344,7 @@ func (s *stats) appendStats(b []byte, p *Proxy) []byte {
 		num("local_cache_entries", uint64(ts.Entries))
 		num("local_cache_limit_bytes", uint64(p.cfg.LocalCacheSize))
 	}
-	return append(b, replyEnd...)
+	return append(b, wire.LineEnd...)
 }
 
 func leftPad(s string, n int) string {

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"cmp"
+	"mcsidecar/proxy/internal/wire"
 	"net"
 	"runtime"
 	"slices"
@@ -14,11 +15,11 @@ import (
 type statLines []byte
 
 func (b *statLines) str(name, v string) {
-	*b = append(*b, replyStat...)
+	*b = append(*b, wire.LineStat...)
 	*b = append(*b, name...)
 	*b = append(*b, ' ')
 	*b = append(*b, v...)
-	*b = append(*b, crlf...)
+	*b = append(*b, wire.CRLF...)
 }
 
 func (b *statLines) num(name string, v int64) { b.str(name, strconv.FormatInt(v, 10)) }
@@ -111,7 +112,7 @@ func (p *Proxy) appendSettings(dst []byte) []byte {
 		b.str("codec_min_savings", strconv.FormatFloat(cd.MinSavings, 'f', -1, 64))
 		b.flag("codec_delete_corrupt", cd.DeleteCorrupt)
 	}
-	return append(b, replyEnd...)
+	return append(b, wire.LineEnd...)
 }
 
 // appendConns answers "stats conns" as memcached does, one group of lines
@@ -146,7 +147,7 @@ func (p *Proxy) appendConns(dst []byte, asking *conn) []byte {
 		}
 		b.num(n+"secs_since_last_cmd", (now-last)/int64(time.Second))
 	}
-	return append(b, replyEnd...)
+	return append(b, wire.LineEnd...)
 }
 
 // connAddr writes an address as memcached does: tcp:host:port or

@@ -22,6 +22,6 @@ func (u *loopUpstream) unfill(k []byte) {
 	r.key = append(r.key, k...)
 	u.ls.l.p.writingOf(k)
 	if u.pushDropped(nil, r) {
-		u.out = append(append(append(u.out, "delete "...), k...), crlf...)
+		u.out = append(append(append(u.out, "delete "...), k...), wire.CRLF...)
 	}
 }

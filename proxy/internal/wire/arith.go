@@ -15,10 +15,6 @@ import (
 
 var (
 	metaNotFound = []byte("NF")
-	metaValue    = []byte("VA ")
-	// NotFound is the classic reply to an incr or decr of a key memcached
-	// does not hold.
-	NotFound = lineNotFound
 )
 
 // AppendArith appends the meta arithmetic request for a classic incr
@@ -34,7 +30,7 @@ func AppendArith(dst []byte, incr bool, key []byte, delta uint64, tag uint32) []
 		dst = append(dst, " MD v O"...)
 	}
 	dst = strconv.AppendUint(dst, uint64(tag), 10)
-	return append(dst, crlf...)
+	return append(dst, CRLF...)
 }
 
 // ArithLine reports whether line begins a reply to AppendArith's request
@@ -48,12 +44,12 @@ func ArithLine(line []byte) (block int, ok bool) {
 // block is, with its CRLF. Its flags are not read: what memcached
 // returns of them depends on what the client asked.
 func MetaValueBlock(line []byte, max uint64) (block int, ok bool) {
-	rest, found := bytes.CutPrefix(line, metaValue)
+	rest, found := bytes.CutPrefix(line, LineMetaValue)
 	if !found {
 		return 0, false
 	}
 	word, _, _ := bytes.Cut(rest, []byte{' '})
-	word = bytes.TrimSuffix(word, crlf)
+	word = bytes.TrimSuffix(word, CRLF)
 	n, valid := ParseDecimal(word, max)
 	return int(n) + 2, valid
 }
@@ -71,13 +67,13 @@ func ArithReply(reply []byte, tag uint32) (classic []byte, ok bool) {
 	if len(block) == 0 && IsError(line) && !OutOfStep(line) {
 		return reply, true
 	}
-	if !bytes.HasSuffix(line, crlf) || !taggedWith(line[:len(line)-2], tag) {
+	if !bytes.HasSuffix(line, CRLF) || !taggedWith(line[:len(line)-2], tag) {
 		return nil, false
 	}
 	switch {
 	case bytes.HasPrefix(line, metaNotFound) && len(block) == 0:
-		return lineNotFound, true
-	case bytes.HasPrefix(line, metaValue) && len(block) > 2 && isNumberLine(block):
+		return LineNotFound, true
+	case bytes.HasPrefix(line, LineMetaValue) && len(block) > 2 && isNumberLine(block):
 		return block, true
 	}
 	return nil, false
@@ -96,7 +92,7 @@ func MetaTagged(reply []byte, tag uint32) bool {
 	if len(block) == 0 && IsError(line) && !OutOfStep(line) {
 		return true
 	}
-	return bytes.HasSuffix(line, crlf) && taggedWith(line[:len(line)-2], tag) && (len(block) == 0 || isNumberLine(block))
+	return bytes.HasSuffix(line, CRLF) && taggedWith(line[:len(line)-2], tag) && (len(block) == 0 || isNumberLine(block))
 }
 
 // taggedWith reports whether the words after a meta reply's code include

@@ -9,9 +9,6 @@ import (
 	"testing"
 )
 
-// maxTokens is memcached's MAX_TOKENS, as the proxy's command table uses it.
-const maxTokens = 24
-
 // manyKeys returns n keys separated by single spaces.
 func manyKeys(n int) string {
 	keys := make([]string, n)
@@ -43,7 +40,7 @@ func TestTokenizeSplitsLikeMemcached(t *testing.T) {
 		{name: "many words past the limit keep the first limit", line: "a b c d e f g", limit: 3, want: []string{"a", "b", "c"}, overflow: true},
 		{name: "zero limit overflows on the first word", line: "a", limit: 0, overflow: true},
 		{name: "zero limit on a blank line is no overflow", line: "  ", limit: 0},
-		{name: "memcached's 23 words plus one overflows", line: manyKeys(24), limit: maxTokens - 1, want: strings.Fields(manyKeys(23)), overflow: true},
+		{name: "memcached's 23 words plus one overflows", line: manyKeys(24), limit: MaxTokens - 1, want: strings.Fields(manyKeys(23)), overflow: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -64,8 +61,8 @@ func TestTokenizeSplitsLikeMemcached(t *testing.T) {
 
 func TestTokenizeSlicesTheLineWithoutCopying(t *testing.T) {
 	line := []byte(" get  key1 key2 ")
-	dst := make([][]byte, 0, maxTokens)
-	words, _ := Tokenize(dst, line, maxTokens-1)
+	dst := make([][]byte, 0, MaxTokens)
+	words, _ := Tokenize(dst, line, MaxTokens-1)
 	for _, w := range words {
 		i := bytes.Index(line, w)
 		if &w[0] != &line[i] {
@@ -75,7 +72,7 @@ func TestTokenizeSlicesTheLineWithoutCopying(t *testing.T) {
 	if &words[:1][0] != &dst[:1][0] {
 		t.Error("words were not stored in dst")
 	}
-	allocs := testing.AllocsPerRun(100, func() { Tokenize(dst, line, maxTokens-1) })
+	allocs := testing.AllocsPerRun(100, func() { Tokenize(dst, line, MaxTokens-1) })
 	if allocs != 0 {
 		t.Errorf("tokenize allocated %v times with room in dst", allocs)
 	}
@@ -325,7 +322,7 @@ func cStrtol(s string) (int32, bool) {
 // than a space, the first limit of them, and overflow when there are more.
 func FuzzTokenize(f *testing.F) {
 	for _, seed := range []string{"get a b", "  get   a  ", "set\tk 0 0 1", "mg " + manyKeys(30), "P2:" + strings.Repeat("t", 150) + ":01K9WV71R0KRHMF7XDGJH23WFB:x y", ""} {
-		f.Add(seed, uint8(maxTokens-1))
+		f.Add(seed, uint8(MaxTokens-1))
 	}
 	f.Fuzz(func(t *testing.T, line string, limit uint8) {
 		all := strings.FieldsFunc(line, func(r rune) bool { return r == ' ' })

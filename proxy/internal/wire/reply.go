@@ -48,17 +48,10 @@ func ReplyOf(req []byte) Reply {
 
 // The lines the families are made of.
 var (
-	lineStored    = []byte("STORED\r\n")
-	lineNotStored = []byte("NOT_STORED\r\n")
-	lineExists    = []byte("EXISTS\r\n")
-	lineNotFound  = []byte("NOT_FOUND\r\n")
-	lineDeleted   = []byte("DELETED\r\n")
-	lineTouched   = []byte("TOUCHED\r\n")
-	lineOK        = []byte("OK\r\n")
-	lineVersion   = []byte("VERSION ")
-	serverError   = []byte("SERVER_ERROR ")
-	clientError   = []byte("CLIENT_ERROR ")
-	outOfMemory   = []byte("SERVER_ERROR out of memory")
+	lineVersion = []byte("VERSION ")
+	serverError = []byte("SERVER_ERROR ")
+	clientError = []byte("CLIENT_ERROR ")
+	outOfMemory = []byte("SERVER_ERROR out of memory")
 )
 
 // OutOfStep reports whether line is a reply memcached may send out of
@@ -80,7 +73,7 @@ func IsError(line []byte) bool {
 // memcached can answer a request of family f with. A meta command's data
 // block, which follows its line, is not checked here.
 func (f Reply) Fits(line []byte) bool {
-	if !bytes.HasSuffix(line, crlf) || OutOfStep(line) {
+	if !bytes.HasSuffix(line, CRLF) || OutOfStep(line) {
 		return false
 	}
 	if f == ReplyAny || IsError(line) {
@@ -88,16 +81,16 @@ func (f Reply) Fits(line []byte) bool {
 	}
 	switch f {
 	case ReplyStorage:
-		return bytes.Equal(line, lineStored) || bytes.Equal(line, lineNotStored) ||
-			bytes.Equal(line, lineExists) || bytes.Equal(line, lineNotFound)
+		return bytes.Equal(line, LineStored) || bytes.Equal(line, LineNotStored) ||
+			bytes.Equal(line, LineExists) || bytes.Equal(line, LineNotFound)
 	case ReplyDelete:
-		return bytes.Equal(line, lineDeleted) || bytes.Equal(line, lineNotFound)
+		return bytes.Equal(line, LineDeleted) || bytes.Equal(line, LineNotFound)
 	case ReplyTouch:
-		return bytes.Equal(line, lineTouched) || bytes.Equal(line, lineNotFound)
+		return bytes.Equal(line, LineTouched) || bytes.Equal(line, LineNotFound)
 	case ReplyArith:
-		return bytes.Equal(line, lineNotFound) || isNumberLine(line)
+		return bytes.Equal(line, LineNotFound) || isNumberLine(line)
 	case ReplyOK:
-		return bytes.Equal(line, lineOK)
+		return bytes.Equal(line, LineOK)
 	case ReplyVersion:
 		return bytes.HasPrefix(line, lineVersion)
 	case ReplyMetaGet:
@@ -115,8 +108,6 @@ func (f Reply) Fits(line []byte) bool {
 	}
 	return false
 }
-
-var crlf = []byte("\r\n")
 
 // isNumberLine reports whether line is an unsigned 64-bit number and CRLF:
 // memcached's answer to an incr or decr that took.

@@ -1,4 +1,4 @@
-package proxy
+package wire
 
 import (
 	"bytes"
@@ -8,18 +8,18 @@ import (
 // This file holds memcached's framing rules for a client's byte stream:
 // where a command line ends, and how long one may run without its newline.
 
-// lineLimit is memcached's framing rule: with more than this many bytes
+// LineLimit is memcached's framing rule: with more than this many bytes
 // buffered and still no newline, only a retrieval command may go on; any
 // other client is cut off.
-const lineLimit = 2048
+const LineLimit = 2048
 
-// errLineTooLong means the client sent a line memcached would not frame.
-var errLineTooLong = errors.New("request line too long")
+// ErrLineTooLong means the client sent a line memcached would not frame.
+var ErrLineTooLong = errors.New("request line too long")
 
-// commandLine is a line, up to its newline, as memcached reads it: without
+// CommandLine is a line, up to its newline, as memcached reads it: without
 // the '\r' before the newline, which it does not require, and cut at the
 // first NUL, as its C string handling does.
-func commandLine(line []byte) []byte {
+func CommandLine(line []byte) []byte {
 	if len(line) > 1 && line[len(line)-1] == '\r' {
 		line = line[:len(line)-1]
 	}
@@ -29,12 +29,12 @@ func commandLine(line []byte) []byte {
 	return line
 }
 
-// unframed reports whether data, the start of a line whose newline has not
-// come, breaks memcached's framing rule: past lineLimit bytes, unless it
+// Unframed reports whether data, the start of a line whose newline has not
+// come, breaks memcached's framing rule: past LineLimit bytes, unless it
 // is a retrieval, which may keep growing, or names a key and is within
 // keyLine.
-func unframed(data []byte, keyLine int) bool {
-	return len(data) > lineLimit && !isRetrievalPrefix(data) && (len(data) > keyLine || !isKeyedPrefix(data))
+func Unframed(data []byte, keyLine int) bool {
+	return len(data) > LineLimit && !isRetrievalPrefix(data) && (len(data) > keyLine || !isKeyedPrefix(data))
 }
 
 // isRetrievalPrefix reports whether an unterminated line may keep growing:
@@ -76,7 +76,7 @@ func isKeyedPrefix(data []byte) bool {
 	return false
 }
 
-// keyedLineMax is the longest a line that names a key may run without a
+// KeyedLineMax is the longest a line that names a key may run without a
 // newline: the framing limit, and the longest key a client may send, in
 // base64 as a meta command may send it.
-func keyedLineMax(maxKey int) int { return lineLimit + (maxKey+2)/3*4 }
+func KeyedLineMax(maxKey int) int { return LineLimit + (maxKey+2)/3*4 }
