@@ -4,6 +4,7 @@ import (
 	"bytes"
 
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -36,7 +37,7 @@ func (c *conn) refuseKeyCommand(id int, w [][]byte) {
 			return
 		}
 	}
-	c.p.stats.record(id, outcomeNotFound)
+	c.p.stats.Record(id, stats.OutcomeNotFound)
 	c.reply(wire.LineNotFound)
 }
 
@@ -77,7 +78,7 @@ func parseFlushAll(w [][]byte) (delay int32, withDelay, noreply, ok bool) {
 
 // version names the proxy.
 func (c *conn) version() {
-	c.p.stats.record(wire.CmdVersion, outcomeOK)
+	c.p.stats.Record(wire.CmdVersion, stats.OutcomeOK)
 	c.reply([]byte("VERSION " + c.p.version + "\r\n"))
 }
 
@@ -89,7 +90,7 @@ func (c *conn) verbosity(w [][]byte) {
 		c.clientError(wire.CmdVerbosity, wire.LineBadFormat)
 		return
 	}
-	c.p.stats.record(wire.CmdVerbosity, outcomeOK)
+	c.p.stats.Record(wire.CmdVerbosity, stats.OutcomeOK)
 	c.reply(wire.LineOK)
 }
 
@@ -107,9 +108,12 @@ func (c *conn) stats(w [][]byte) {
 	}
 	switch sub {
 	case "":
-		c.scratch = c.p.stats.appendStats(c.scratch[:0], c.p)
+		c.scratch = c.p.stats.AppendStats(c.scratch[:0], stats.Info{
+			Version: c.p.version, Servers: len(c.p.uniqueServers()), Codec: c.p.codec != nil, Keys: c.p.keys != nil,
+			TierLimit: int64(c.p.cfg.LocalCacheSize),
+		})
 	case "reset":
-		c.p.stats.reset()
+		c.p.stats.Reset()
 		c.scratch = append(c.scratch[:0], wire.LineReset...)
 	case "settings":
 		c.scratch = c.p.appendSettings(c.scratch[:0])
@@ -125,12 +129,12 @@ func (c *conn) stats(w [][]byte) {
 		c.clientError(wire.CmdStats, wire.LineError)
 		return
 	}
-	c.p.stats.record(wire.CmdStats, outcomeOK)
+	c.p.stats.Record(wire.CmdStats, stats.OutcomeOK)
 	c.wr.Write(c.scratch)
 }
 
 func (c *conn) clientError(id int, reply []byte) error {
-	c.p.stats.record(id, outcomeClientError)
+	c.p.stats.Record(id, stats.OutcomeClientError)
 	c.reply(reply)
 	return nil
 }
@@ -139,10 +143,10 @@ func (c *conn) clientError(id int, reply []byte) error {
 // the cache outcome, or SERVER_ERROR for a failure.
 func (c *conn) upstreamError(id int, srv *upstream.Server, err error) error {
 	reply, oc := upstreamReply(err)
-	if oc == outcomeUpstreamError {
+	if oc == stats.OutcomeUpstreamError {
 		srv.DropIdle(err)
 	}
-	c.p.stats.record(id, oc)
+	c.p.stats.Record(id, oc)
 	c.reply(reply)
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 	"net"
 	"strconv"
 	"strings"
@@ -223,11 +224,11 @@ func BenchmarkTenantCounters(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer p.closeServers()
-	p.tenants = newTenantTable(1)
+	p.tenants = stats.NewTenants(1)
 	c := &conn{p: p}
 	hot := []byte("P2:team-hot:" + testBlock + ":am9iOmFwaQ")
 	cold := []byte("P2:team-cold:" + testBlock + ":am9iOmFwaQ")
-	p.tenants.counters(c.resolve(hot, needTenant).tenant) // takes the one slot
+	p.tenants.Counters(c.resolve(hot, needTenant).tenant) // takes the one slot
 	for _, bc := range []struct {
 		name string
 		key  []byte
@@ -235,21 +236,21 @@ func BenchmarkTenantCounters(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				p.tenants.counters(c.resolve(bc.key, needTenant).tenant).requests.Add(1)
+				p.tenants.Counters(c.resolve(bc.key, needTenant).tenant).Requests.Add(1)
 			}
 		})
 	}
 	// The keys of a 100-key get of one tenant, as the loop finds them.
 	long := []byte("P2:" + strings.Repeat("t", 150) + ":" + testBlock + ":am9iOmFwaQ")
-	p.tenants.counters(c.resolve(long, needTenant).tenant)
+	p.tenants.Counters(c.resolve(long, needTenant).tenant)
 	b.Run("100 keys of one tenant", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			var run tenantRun
+			var run stats.TenantRun
 			for range 100 {
-				run.counters(p.tenants, c.resolve(long, needTenant).tenant)
+				run.Counters(p.tenants, c.resolve(long, needTenant).tenant)
 			}
-			run.end()
+			run.End()
 		}
 	})
 }
@@ -258,10 +259,10 @@ func BenchmarkTenantCounters(b *testing.B) {
 // request path: two clock reads and one histogram observation, as
 // dispatch does for every command.
 func BenchmarkLatencyObserve(b *testing.B) {
-	st := newStats()
+	st := stats.New()
 	b.ReportAllocs()
 	for b.Loop() {
 		start := time.Now()
-		st.latency[wire.CmdGet].Observe(time.Since(start).Seconds())
+		st.Latency[wire.CmdGet].Observe(time.Since(start).Seconds())
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"mcsidecar/keyspace"
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 )
 
 const (
@@ -141,9 +142,9 @@ func appendValueHeader(b []byte, key string, flags uint32, size int, cas uint64,
 
 // answer relays memcached's reply line to a command, counted by its
 // outcome.
-func (c *conn) answer(id int, line []byte) outcome {
-	oc := replyOutcome(line)
-	c.p.stats.record(id, oc)
+func (c *conn) answer(id int, line []byte) stats.Outcome {
+	oc := stats.ReplyOutcome(line)
+	c.p.stats.Record(id, oc)
 	c.reply(line)
 	return oc
 }

@@ -43,10 +43,10 @@ func (p *Proxy) newUpstreams(names []string, old *upstream.Set) (*upstream.Set, 
 		TLS:            p.cfg.UpstreamTLS.config,
 		Log:            p.log,
 		Totals: upstream.Totals{
-			Errors:  &p.stats.upstreamErrors,
-			Gets:    &p.stats.upstreamGets,
-			GetKeys: &p.stats.upstreamGetKeys,
-			Latency: p.stats.upstreamLatency,
+			Errors:  &p.stats.UpstreamErrors,
+			Gets:    &p.stats.UpstreamGets,
+			GetKeys: &p.stats.UpstreamGetKeys,
+			Latency: p.stats.UpstreamLatency,
 		},
 	}
 	return upstream.NewSet(p.cfg.Selector, names, old, o)
@@ -167,7 +167,7 @@ func (p *Proxy) retire(servers []*upstream.Server) {
 		// No request uses s any more: its series goes first, so that a
 		// closed server has none.
 		if !slices.ContainsFunc(current, func(c *upstream.Server) bool { return c.Name() == s.Name() }) {
-			p.stats.upstreamLatency.DeleteLabelValues(s.Name())
+			p.stats.UpstreamLatency.DeleteLabelValues(s.Name())
 		}
 		s.Close()
 	}

@@ -6,6 +6,7 @@ import (
 
 	"mcsidecar/codec"
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -35,8 +36,8 @@ func (c *conn) encodeFor(key []byte, bind, postings bool, flags uint32, value []
 
 // countStored adds an enveloped write to the byte counters.
 func (c *conn) countStored(logical, stored int) {
-	c.p.stats.codecLogical.Add(uint64(logical))
-	c.p.stats.codecStored.Add(uint64(stored))
+	c.p.stats.CodecLogical.Add(uint64(logical))
+	c.p.stats.CodecStored.Add(uint64(stored))
 }
 
 // openValue is open without the delete: damaged reports an envelope
@@ -46,11 +47,11 @@ func (c *conn) openValue(key []byte, bind bool, storedFlags uint32, stored []byt
 	v, flags, err := c.p.codec.AppendDecode(c.dec[:0], key, bind, storedFlags, stored)
 	if err != nil {
 		r := codec.ReasonOf(err)
-		c.p.stats.codecRefused[r&15].Add(1)
+		c.p.stats.CodecRefused[r&15].Add(1)
 		return nil, 0, false, r.Damaged() && c.p.cfg.Codec.DeleteCorrupt
 	}
-	c.p.stats.codecReadLogical.Add(uint64(len(v)))
-	c.p.stats.codecReadStored.Add(uint64(len(stored)))
+	c.p.stats.CodecReadLogical.Add(uint64(len(v)))
+	c.p.stats.CodecReadStored.Add(uint64(len(stored)))
 	c.dec = v
 	return v, flags, true, false
 }
@@ -69,18 +70,18 @@ func appendCreate(dst []byte, k string, size int, flags uint32, exptime int64) [
 // joinOp is the read-modify-write of append or prepend (id) of data.
 func (c *conn) joinOp(id int, data []byte) rmw {
 	return rmw{
-		missing: c.answerMissing(id, wire.LineNotStored, outcomeNotStored),
+		missing: c.answerMissing(id, wire.LineNotStored, stats.OutcomeNotStored),
 		change: func(old []byte, _ *upstream.MetaItem) (bool, error) {
 			c.join(id == wire.CmdAppend, old, data)
 			return true, nil
 		},
 		stored: func(notStored bool, _ uint64) (bool, error) {
 			if notStored {
-				c.p.stats.record(id, outcomeNotStored)
+				c.p.stats.Record(id, stats.OutcomeNotStored)
 				c.reply(wire.LineNotStored)
 				return true, nil
 			}
-			c.p.stats.record(id, outcomeStored)
+			c.p.stats.Record(id, stats.OutcomeStored)
 			c.reply(wire.LineStored)
 			return true, nil
 		},
@@ -91,7 +92,7 @@ func (c *conn) joinOp(id int, data []byte) rmw {
 func (c *conn) arithOp(id int, incr bool, delta uint64) rmw {
 	var n uint64
 	return rmw{
-		missing: c.answerMissing(id, wire.LineNotFound, outcomeNotFound),
+		missing: c.answerMissing(id, wire.LineNotFound, stats.OutcomeNotFound),
 		change: func(old []byte, _ *upstream.MetaItem) (bool, error) {
 			var ok bool
 			if n, ok = c.count(old, incr, delta); !ok {
@@ -105,7 +106,7 @@ func (c *conn) arithOp(id int, incr bool, delta uint64) rmw {
 				// meanwhile.
 				return false, nil
 			}
-			c.p.stats.record(id, outcomeOK)
+			c.p.stats.Record(id, stats.OutcomeOK)
 			c.replyNumber(n)
 			return true, nil
 		},
@@ -168,9 +169,9 @@ type rmw struct {
 }
 
 // answerMissing returns an rmw.missing that answers line with its outcome.
-func (c *conn) answerMissing(id int, line []byte, oc outcome) func() (bool, error) {
+func (c *conn) answerMissing(id int, line []byte, oc stats.Outcome) func() (bool, error) {
 	return func() (bool, error) {
-		c.p.stats.record(id, oc)
+		c.p.stats.Record(id, oc)
 		c.reply(line)
 		return false, nil
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"mcsidecar/codec"
+	"mcsidecar/proxy/stats"
 )
 
 // codecConfig is the codec's default configuration.
@@ -157,7 +158,7 @@ func TestCorruptedItemIsAMissCountedByReason(t *testing.T) {
 			counts := map[codec.Reason]int{}
 			total := 0
 			for _, r := range codec.Reasons() {
-				counts[r] = int(p.stats.codecRefused[r].Load())
+				counts[r] = int(p.stats.CodecRefused[r].Load())
 				total += counts[r]
 			}
 			if total != len(stored) || counts[codec.ReasonChecksumMismatch] == 0 {
@@ -166,8 +167,8 @@ func TestCorruptedItemIsAMissCountedByReason(t *testing.T) {
 			if err := testutil.GatherAndCompare(reg, strings.NewReader(refusedExposition(counts)), "mcsidecar_codec_verification_failures_total"); err != nil {
 				t.Error(err)
 			}
-			if del && p.stats.codecDeleted.Load() != uint64(len(stored)) {
-				t.Errorf("deleted %d damaged items, want %d", p.stats.codecDeleted.Load(), len(stored))
+			if del && p.stats.CodecDeleted.Load() != uint64(len(stored)) {
+				t.Errorf("deleted %d damaged items, want %d", p.stats.CodecDeleted.Load(), len(stored))
 			}
 		})
 	}
@@ -267,7 +268,7 @@ func TestCompressionShrinksWhatMemcachedHolds(t *testing.T) {
 	if bytesWith*4 > bytesWithout*3 {
 		t.Errorf("memcached holds %d bytes with the codec, %d without", bytesWith, bytesWithout)
 	}
-	logical, stored := p.stats.codecLogical.Load(), p.stats.codecStored.Load()
+	logical, stored := p.stats.CodecLogical.Load(), p.stats.CodecStored.Load()
 	if logical != uint64(20*len(value)) || stored == 0 || stored*4 > logical*3 {
 		t.Errorf("written %d logical bytes, %d stored", logical, stored)
 	}
@@ -368,7 +369,7 @@ func TestEnvelopingReusesConnectionBuffers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &conn{p: &Proxy{codec: cd, cfg: Config{Codec: codecConfig()}, stats: newStats()}}
+	c := &conn{p: &Proxy{codec: cd, cfg: Config{Codec: codecConfig()}, stats: stats.New()}}
 	key := []byte("P2:tenant:block:postings")
 	value := []byte(strings.Repeat("series 12345 ", 80))
 	roundTrip := func() {

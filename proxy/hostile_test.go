@@ -598,7 +598,7 @@ func TestIdleClockSparesATLSClientThatCameInTime(t *testing.T) {
 	if got, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(got, "VERSION ") {
 		t.Fatalf("version answered %q (%v)", got, err)
 	}
-	if got := p.stats.connsIdleClosed.Load(); got != 0 {
+	if got := p.stats.ConnsIdleClosed.Load(); got != 0 {
 		t.Errorf("idle_kicks = %d after a request that came in time, want 0", got)
 	}
 	if _, err := io.WriteString(c, "get half"); err != nil {
@@ -607,7 +607,7 @@ func TestIdleClockSparesATLSClientThatCameInTime(t *testing.T) {
 	if got, err := br.ReadString('\n'); err == nil {
 		t.Fatalf("half a request answered %q", got)
 	}
-	if got := p.stats.connsIdleClosed.Load(); got != 1 {
+	if got := p.stats.ConnsIdleClosed.Load(); got != 1 {
 		t.Errorf("idle_kicks = %d after half a request, want 1", got)
 	}
 }

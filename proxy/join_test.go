@@ -42,7 +42,7 @@ func TestEventLoopJoinsGetsOfManyClients(t *testing.T) {
 		reqs[i] = tc.req
 	}
 	before := len(sentSince(0))
-	gets, keys := p.stats.upstreamGets.Load(), p.stats.upstreamGetKeys.Load()
+	gets, keys := p.stats.UpstreamGets.Load(), p.stats.UpstreamGetKeys.Load()
 	wantKeys := 0
 	for i, got := range stalledGets(t, p, addr, reqs) {
 		if got != cases[i].want {
@@ -56,10 +56,10 @@ func TestEventLoopJoinsGetsOfManyClients(t *testing.T) {
 	if len(sent) > 4 {
 		t.Errorf("six retrievals went upstream in %d lines, want at most 4: %q", len(sent), sent)
 	}
-	if n := p.stats.upstreamGets.Load() - gets; n != uint64(len(sent)) {
+	if n := p.stats.UpstreamGets.Load() - gets; n != uint64(len(sent)) {
 		t.Errorf("upstream_gets counted %d, but %d get lines were sent", n, len(sent))
 	}
-	if n := p.stats.upstreamGetKeys.Load() - keys; n != uint64(wantKeys) {
+	if n := p.stats.UpstreamGetKeys.Load() - keys; n != uint64(wantKeys) {
 		t.Errorf("upstream_get_keys counted %d, want %d", n, wantKeys)
 	}
 	asked := 0
@@ -226,7 +226,7 @@ func TestEventLoopJoinedGetsKeepEachClientsOrder(t *testing.T) {
 	value := func(k, v string, flags int) string {
 		return fmt.Sprintf("VALUE %s %d %d\r\n%s\r\n", k, flags, len(v), v)
 	}
-	gets := p.stats.upstreamGets.Load()
+	gets := p.stats.UpstreamGets.Load()
 	var wg sync.WaitGroup
 	for c := range clients {
 		lc := dial(t, addr)
@@ -267,7 +267,7 @@ func TestEventLoopJoinedGetsKeepEachClientsOrder(t *testing.T) {
 	}
 	wg.Wait()
 	// Each round sent four retrievals; without joining, each is a line.
-	if n := p.stats.upstreamGets.Load() - gets; n >= 4*clients*rounds {
+	if n := p.stats.UpstreamGets.Load() - gets; n >= 4*clients*rounds {
 		t.Errorf("%d get lines for %d retrievals: no get joined another", n, 4*clients*rounds)
 	}
 }
@@ -354,13 +354,13 @@ func TestEventLoopLongRepliesJoinNoGetLines(t *testing.T) {
 				t.Fatalf("get %s answered %d bytes, want %d", tc.key, len(got), len(want))
 			}
 		}
-		gets := p.stats.upstreamGets.Load()
+		gets := p.stats.UpstreamGets.Load()
 		for i, got := range stalledGets(t, p, addr, slices.Repeat([]string{"get " + tc.key + "\r\n"}, 6)) {
 			if got != want {
 				t.Errorf("client %d: get %s answered %d bytes, want %d", i, tc.key, len(got), len(want))
 			}
 		}
-		if n := p.stats.upstreamGets.Load() - gets; !tc.lines(n) {
+		if n := p.stats.UpstreamGets.Load() - gets; !tc.lines(n) {
 			t.Errorf("six gets of %s went upstream in %d get lines", tc.key, n)
 		}
 	}

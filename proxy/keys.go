@@ -15,7 +15,7 @@ const numSteps = int(keyspace.StepWhole) + 1
 func (c *conn) validKey(key []byte) bool {
 	ok, r := c.checkKey(key)
 	if !ok && c.p.keys != nil {
-		c.p.stats.keyRejected[r&7].Add(1)
+		c.p.stats.KeyRejected[r&7].Add(1)
 	}
 	return ok
 }
@@ -25,7 +25,7 @@ func (c *conn) validKey(key []byte) bool {
 func (c *conn) validMetaKey(m *metaReq) bool {
 	ok, r := c.checkMetaKey(m)
 	if !ok && c.p.keys != nil {
-		c.p.stats.keyRejected[r&7].Add(1)
+		c.p.stats.KeyRejected[r&7].Add(1)
 	}
 	return ok
 }
@@ -102,7 +102,7 @@ func (c *conn) resolve(key []byte, need uint8) resolvedKey {
 // countRewrite counts the rewrite of a key lookup resolved.
 func (c *conn) countRewrite(r resolvedKey) {
 	if r.bound {
-		c.p.stats.keyRewrites[r.rewrite].Add(1)
+		c.p.stats.KeyRewrites[r.rewrite].Add(1)
 	}
 }
 

@@ -10,7 +10,7 @@ import (
 // already. The count is the one "stats" reports as curr_connections.
 func (p *Proxy) overLimit() bool {
 	limit := p.cfg.MaxConnections
-	return limit > 0 && p.stats.currConns.Load() >= int64(limit)
+	return limit > 0 && p.stats.CurrConns.Load() >= int64(limit)
 }
 
 // refuse turns away a connection over the limit the way memcached does when
@@ -18,7 +18,7 @@ func (p *Proxy) overLimit() bool {
 // close. It runs on the accept loop, so the write may not block: a new
 // socket's send buffer is empty, and the deadline guards the rest.
 func (p *Proxy) refuse(nc net.Conn) {
-	p.stats.connsRefused.Add(1)
+	p.stats.ConnsRefused.Add(1)
 	nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 	nc.Write(wire.LineTooManyConns)
 	nc.Close()

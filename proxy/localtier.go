@@ -56,7 +56,7 @@ func (p *Proxy) fromTier(key []byte, k string, read bool, now int64) (*tier.Entr
 // either path.
 func (p *Proxy) keep(key []byte, k string, gen uint64, immutable bool, now int64, value []byte, flags uint32, ttl int32) {
 	if !immutable {
-		p.stats.tierMutable.Add(1)
+		p.stats.TierMutable.Add(1)
 		return
 	}
 	stripe := p.guard.stripe(k)

@@ -67,13 +67,13 @@ func TestEventLoopKeepsGetsAndSets(t *testing.T) {
 		}
 	}
 	want.WriteString("END\r\n")
-	asked := p.stats.upstreamGetKeys.Load()
+	asked := p.stats.UpstreamGetKeys.Load()
 	for range 2 { // the second time, with the slot's table used again
 		if got := c.do("get " + strings.Join(many, " ") + "\r\n"); got != want.String() {
 			t.Fatalf("a get of 25 keys with repeats answered %q", short(got))
 		}
 	}
-	if n := p.stats.upstreamGetKeys.Load() - asked; n != 2*21 {
+	if n := p.stats.UpstreamGetKeys.Load() - asked; n != 2*21 {
 		t.Errorf("two gets of 21 distinct keys among 25 asked %d keys upstream", n)
 	}
 	for _, tc := range []struct{ req, want string }{
@@ -244,7 +244,7 @@ func TestEventLoopKeepsEnvelopesAndRewrites(t *testing.T) {
 	// A plain item at the rewritten key is another client's value: a miss.
 	rawSet(t, direct, string(upKey), 0, "plain")
 	do("get "+long+"\r\n", "END\r\n", 1)
-	if n := p.stats.keyUnbound.Load(); n != 1 {
+	if n := p.stats.KeyUnbound.Load(); n != 1 {
 		t.Errorf("%d unbound items counted, want 1", n)
 	}
 	// A damaged envelope is a miss, deleted at the rewritten key.
@@ -256,20 +256,20 @@ func TestEventLoopKeepsEnvelopesAndRewrites(t *testing.T) {
 	do("get "+long+"\r\n", "END\r\n", 1)
 	if !waitFor(5*time.Second, func() bool {
 		_, _, still := rawItem(t, direct, string(upKey))
-		return !still && p.stats.codecDeleted.Load() == 1
+		return !still && p.stats.CodecDeleted.Load() == 1
 	}) {
 		t.Error("the damaged item was not deleted")
 	}
 
 	var counted uint64
-	for i := range p.stats.keyRewrites {
-		counted += p.stats.keyRewrites[i].Load()
+	for i := range p.stats.KeyRewrites {
+		counted += p.stats.KeyRewrites[i].Load()
 	}
 	if counted != uint64(rewrites) {
 		t.Errorf("%d rewrites counted for %d requests naming the long key", counted, rewrites)
 	}
 	// Three enveloped values stored: the long key's twice, P2:loop once.
-	if logical := p.stats.codecLogical.Load(); logical != uint64(3*len(value)) {
+	if logical := p.stats.CodecLogical.Load(); logical != uint64(3*len(value)) {
 		t.Errorf("%d enveloped bytes counted, want %d", logical, 3*len(value))
 	}
 }
@@ -400,7 +400,7 @@ func TestEventLoopLongValueInPiecesIsParsedOnce(t *testing.T) {
 		t.Fatalf("set answered %q", got)
 	}
 	runtime.ReadMemStats(&after)
-	if p.stats.clientReadsInPlace.Load() == 0 {
+	if p.stats.ClientReadsInPlace.Load() == 0 {
 		t.Fatal("no read of the value went straight into place")
 	}
 	if n := after.TotalAlloc - before.TotalAlloc; n > 12<<20 {

@@ -10,6 +10,7 @@ import (
 
 	"mcsidecar/codec"
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -69,7 +70,7 @@ type loopSlot struct {
 // once stored: the bytes written, per tenant, and for an enveloped value,
 // the client's bytes and the stored ones.
 type loopWrite struct {
-	tenant    *tenantCounters
+	tenant    *stats.TenantCounters
 	size      int
 	enveloped bool
 	logical   int
@@ -138,7 +139,7 @@ type loopOwner struct {
 	size   int
 	cas    uint64
 	hasCAS bool
-	tenant *tenantCounters
+	tenant *stats.TenantCounters
 	// bound: the key is sent rewritten, as ups[upStart:upEnd], and its
 	// value is an envelope bound to it.
 	bound          bool
@@ -281,7 +282,7 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 		s.flushedOne(r, reply, err)
 		return
 	}
-	if err == nil && isServerError(reply) {
+	if err == nil && stats.IsServerError(reply) {
 		r.srv.CountServerError()
 	}
 	if s.mod != nil {
@@ -336,15 +337,15 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 	case err != nil:
 		line, oc := upstreamReply(err)
 		if !s.write.refused {
-			st.record(s.id, oc)
+			st.Record(s.id, oc)
 		}
 		s.out = append(s.out, line)
 	default:
-		oc := replyOutcome(reply)
+		oc := stats.ReplyOutcome(reply)
 		if !s.write.refused {
-			st.record(s.id, oc)
+			st.Record(s.id, oc)
 		}
-		if oc == outcomeStored {
+		if oc == stats.OutcomeStored {
 			s.countWrite()
 		}
 		s.line = append(s.line[:0], reply...)
@@ -362,7 +363,7 @@ func (s *loopSlot) countWrite() {
 		s.client.c.countStored(w.logical, w.size)
 	}
 	if w.tenant != nil {
-		w.tenant.written.Add(uint64(w.size))
+		w.tenant.Written.Add(uint64(w.size))
 	}
 }
 
@@ -422,26 +423,26 @@ func (s *loopSlot) answer() {
 	p := s.client.c.p
 	st := p.stats
 	if s.refuse {
-		st.record(s.id, outcomeClientError)
+		st.Record(s.id, stats.OutcomeClientError)
 		s.out = append(s.out, wire.LineBadFormat)
 		return
 	}
-	oc := outcomeOK
+	oc := stats.OutcomeOK
 	if o := s.failed(); o != nil {
 		if p.cfg.RetrievalFailure == failureError {
 			line, _ := upstreamReply(o.err)
-			st.record(s.id, outcomeUpstreamError)
+			st.Record(s.id, stats.OutcomeUpstreamError)
 			s.out = append(s.out, line)
 			return
 		}
-		oc = outcomeUpstreamError // the failed requests' keys are misses
+		oc = stats.OutcomeUpstreamError // the failed requests' keys are misses
 	}
 	for i := range s.owners {
 		if o := &s.owners[i]; o.corrupt && p.cfg.Codec.DeleteCorrupt {
 			s.deleteCorrupt(o.zone, s.upKey(i))
 		}
 	}
-	tally := keyTally{touch: s.touch}
+	tally := stats.Tally{Touch: s.touch}
 	for i := range s.owners {
 		o := &s.owners[i]
 		src := o // the owner whose block answers: the same key named earlier, or o
@@ -449,7 +450,7 @@ func (s *loopSlot) answer() {
 			src = &s.owners[o.first-1]
 			if s.expireNow {
 				// memcached expired the item as it answered it.
-				tally.add(o.tenant, false)
+				tally.Add(o.tenant, false)
 				continue
 			}
 		}
@@ -464,10 +465,10 @@ func (s *loopSlot) answer() {
 				s.out = append(s.out, src.view, wire.CRLF)
 			}
 		}
-		tally.add(o.tenant, hit)
+		tally.Add(o.tenant, hit)
 	}
-	tally.flush(st)
-	st.record(s.id, oc)
+	tally.Flush(st)
+	st.Record(s.id, oc)
 	s.out = append(s.out, wire.LineEnd)
 }
 
@@ -527,7 +528,7 @@ func (s *loopSlot) open(i int, o *loopOwner) bool {
 	if o.bound && !p.codec.IsEnveloped(o.flags) {
 		// Under a rewritten key, a plain item is some client's own value
 		// at an equal key: a miss.
-		p.stats.keyUnbound.Add(1)
+		p.stats.KeyUnbound.Add(1)
 		return false
 	}
 	if p.codec == nil || !p.codec.IsEnveloped(o.flags) {
@@ -559,7 +560,7 @@ func (s *loopSlot) open(i int, o *loopOwner) bool {
 		if err == nil {
 			r = codec.ReasonOf(codec.ErrLengthMismatch) // the codec broke its word: a miss all the same
 		}
-		p.stats.codecRefused[r&15].Add(1)
+		p.stats.CodecRefused[r&15].Add(1)
 		o.corrupt = r.Damaged() // deleted by answer, on the loop
 		return false
 	}
@@ -571,8 +572,8 @@ func (s *loopSlot) open(i int, o *loopOwner) bool {
 		v = s.arena[at : at+n]
 	}
 	o.arenaStart, o.arenaEnd = start, len(s.arena)
-	p.stats.codecReadLogical.Add(uint64(n))
-	p.stats.codecReadStored.Add(uint64(len(stored)))
+	p.stats.CodecReadLogical.Add(uint64(n))
+	p.stats.CodecReadStored.Add(uint64(len(stored)))
 	s.keep(i, o, key, flags, v)
 	return true
 }

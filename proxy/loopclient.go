@@ -10,6 +10,7 @@ import (
 
 	"mcsidecar/proxy/evloop"
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 )
 
 // loopClient is one client connection on a loop.
@@ -84,7 +85,7 @@ func (lc *loopClient) traffic() evloop.Action {
 	}
 	n := lc.buffered()
 	if n > lc.unread {
-		lc.c.p.stats.bytesRead.Add(uint64(n - lc.unread))
+		lc.c.p.stats.BytesRead.Add(uint64(n - lc.unread))
 	}
 	lc.inTraffic = true
 	lc.process()
@@ -126,7 +127,7 @@ func (lc *loopClient) pace() {
 	switch reading := lc.gc.Reading(); {
 	case reading && waiting && lc.unread > loopUnreadMax:
 		lc.gc.PauseReading()
-		lc.c.p.stats.clientReadPauses.Add(1)
+		lc.c.p.stats.ClientReadPauses.Add(1)
 	case !reading && (!waiting || lc.unread <= loopUnreadMax/2):
 		lc.gc.ResumeReading()
 	}
@@ -391,7 +392,7 @@ func (lc *loopClient) gather() bool {
 	if n > 0 {
 		if tail := lc.pend[len(lc.pend) : len(lc.pend)+1]; &data[0] == &tail[0] {
 			lc.pend = lc.pend[:len(lc.pend)+n]
-			lc.c.p.stats.clientReadsInPlace.Add(1)
+			lc.c.p.stats.ClientReadsInPlace.Add(1)
 		} else {
 			lc.pend = append(lc.pend, data[:n]...)
 		}
@@ -518,7 +519,7 @@ func (lc *loopClient) request(data []byte) int {
 	case wire.CmdQuit:
 		// The connection closes once the replies owed are written (see
 		// leave).
-		c.p.stats.record(wire.CmdQuit, outcomeOK)
+		c.p.stats.Record(wire.CmdQuit, stats.OutcomeOK)
 		lc.quit = true
 		return i + 1
 	}

@@ -70,7 +70,7 @@ func TestEventLoopStopsTakingRequestsOfAClientThatReadsNone(t *testing.T) {
 			t.Fatalf("reply %d: %.60q (%v)", i, got, err)
 		}
 	}
-	if p.stats.clientReadPauses.Load() == 0 {
+	if p.stats.ClientReadPauses.Load() == 0 {
 		t.Error("the loop never stopped reading the client")
 	}
 }
@@ -140,7 +140,7 @@ func TestEventLoopBulkPipelinerStaysOnTheLoop(t *testing.T) {
 	// Requests held back while replies were owed are handled after
 	// those are written, outside a read: each byte counts once all the
 	// same.
-	if got := p.stats.bytesRead.Load(); got != uint64(b.Len()) {
+	if got := p.stats.BytesRead.Load(); got != uint64(b.Len()) {
 		t.Errorf("bytes read: %d, the client sent %d", got, b.Len())
 	}
 }
@@ -153,7 +153,7 @@ func TestEventLoopBulkPipelinerStaysOnTheLoop(t *testing.T) {
 func TestShutdownEndsClientsThatReadNothing(t *testing.T) {
 	cases := map[string]func(t *testing.T, p *Proxy, c net.Conn){
 		"requests piled up": func(t *testing.T, p *Proxy, c net.Conn) {
-			sendGetsUnread(t, c, func() bool { return p.stats.clientReadPauses.Load() > 0 })
+			sendGetsUnread(t, c, func() bool { return p.stats.ClientReadPauses.Load() > 0 })
 		},
 		"half-close": func(t *testing.T, p *Proxy, c net.Conn) {
 			io.WriteString(c, strings.Repeat("get big\r\n", 2000))
@@ -171,8 +171,8 @@ func TestShutdownEndsClientsThatReadNothing(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 			defer cancel()
 			p.Shutdown(ctx)
-			if !waitFor(3*time.Second, func() bool { return p.stats.currConns.Load() == 0 }) {
-				t.Errorf("%d connections left 3 s after the grace", p.stats.currConns.Load())
+			if !waitFor(3*time.Second, func() bool { return p.stats.CurrConns.Load() == 0 }) {
+				t.Errorf("%d connections left 3 s after the grace", p.stats.CurrConns.Load())
 			}
 		})
 	}

@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 )
 
 // flushAll sends flush_all, with the client's delay, to every server of
@@ -58,7 +59,7 @@ func (s *loopSlot) flushedOne(r *loopReq, reply []byte, err error) {
 	p := s.client.c.p
 	if r != nil {
 		r.err, r.buf = err, append(r.buf[:0], reply...)
-		if err == nil && isServerError(reply) {
+		if err == nil && stats.IsServerError(reply) {
 			r.srv.CountServerError()
 		}
 	}
@@ -84,18 +85,18 @@ func (s *loopSlot) flushedOne(r *loopReq, reply []byte, err error) {
 	s.pending = 1
 	switch f := failed[0]; {
 	case answer >= 0:
-		p.stats.record(wire.CmdFlushAll, outcomeOK)
+		p.stats.Record(wire.CmdFlushAll, stats.OutcomeOK)
 		s.out = append(s.out, wire.LineOK)
 	case f.err != nil:
 		line, oc := upstreamReply(f.err)
-		p.stats.record(wire.CmdFlushAll, oc)
+		p.stats.Record(wire.CmdFlushAll, oc)
 		s.out = append(s.out, line)
 	default:
 		// A line other than OK: memcached's own error line is relayed,
 		// any other answered as a failed server, as on the goroutine
 		// path, whose error quotes the line.
 		line, oc := upstreamReply(fmt.Errorf("unexpected reply: %q", f.buf))
-		p.stats.record(wire.CmdFlushAll, oc)
+		p.stats.Record(wire.CmdFlushAll, oc)
 		s.out = append(s.out, line)
 	}
 	s.release()

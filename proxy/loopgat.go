@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 )
 
 // getAndTouch sends a gat or gats (words: the verb, the new exptime, the
@@ -35,7 +36,7 @@ func (lc *loopClient) getAndTouch(id int, words [][]byte) {
 			case !ok:
 				c.clientError(id, wire.LineBadExptime)
 			case len(keys) == 0:
-				p.stats.record(id, outcomeOK) // memcached answers no keys with END
+				p.stats.Record(id, stats.OutcomeOK) // memcached answers no keys with END
 				c.wr.Write(wire.LineEnd)
 			default:
 				c.validKey(keys[0]) // counted as refused
@@ -57,8 +58,8 @@ func (lc *loopClient) getAndTouch(id int, words [][]byte) {
 	up := p.zones[0].up.Load()
 	var ups [4]*loopUpstream
 	reqUps := ups[:0]
-	var run tenantRun
-	defer run.end()
+	var run stats.TenantRun
+	defer run.End()
 	for i, k := range keys {
 		rk := c.resolve(k, needTenant)
 		if p.tier != nil {

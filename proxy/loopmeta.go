@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -132,7 +133,7 @@ func (lc *loopClient) metaLocal(id int, reply []byte, answer func(c *conn)) {
 			answer(c)
 			return
 		}
-		c.p.stats.record(id, outcomeClientError)
+		c.p.stats.Record(id, stats.OutcomeClientError)
 		c.wr.Write(reply)
 	})
 }
@@ -204,7 +205,7 @@ func (lc *loopClient) metaSet(words [][]byte, data []byte, lineLen int) int {
 		if m.Err == nil {
 			c.validMetaKey(m) // counts the refusal
 		}
-		st.cmdSet.Add(1)
+		st.CmdSet.Add(1)
 		reply := m.Err
 		if reply == nil {
 			reply = wire.LineBadFormat
@@ -229,7 +230,7 @@ func (lc *loopClient) metaSet(words [][]byte, data []byte, lineLen int) int {
 	}
 	if !rk.ok && !m.WireBin {
 		// As for set: no server can hold such a key as it is.
-		st.cmdSet.Add(1)
+		st.CmdSet.Add(1)
 		c.countRewrite(rk)
 		lc.metaLocal(wire.CmdMetaSet, wire.LineBadFormat, nil)
 		return total
@@ -399,7 +400,7 @@ func (s *loopSlot) metaAnswer(reply []byte, err error) {
 	c.wr, c.noreply = &w, false
 	if err != nil {
 		line, oc := upstreamReply(err)
-		c.p.stats.record(s.id, oc)
+		c.p.stats.Record(s.id, oc)
 		w.Write(line)
 	} else {
 		s.metaAnswerReply(reply)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -43,7 +44,7 @@ func (lc *loopClient) metaGet(id int, words [][]byte) {
 		c.countRewrite(rk)
 		lc.metaLocal(id, nil, func(c *conn) {
 			if id == wire.CmdMetaDebug {
-				c.p.stats.record(wire.CmdMetaDebug, outcomeMiss)
+				c.p.stats.Record(wire.CmdMetaDebug, stats.OutcomeMiss)
 				c.wr.Write(wire.LineMetaMiss)
 				return
 			}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -147,7 +148,7 @@ func (s *loopSlot) modifyReadDone(r *loopReq, reply []byte) {
 		case !p.codec.IsEnveloped(it.Flags) && mod.bind:
 			// Some client's own value at a key equal to this rewritten
 			// one: not ours.
-			p.stats.keyUnbound.Add(1)
+			p.stats.KeyUnbound.Add(1)
 		case !p.codec.IsEnveloped(it.Flags):
 			// A plain item under a key whose values are now enveloped.
 			found = true
@@ -277,7 +278,7 @@ func (s *loopSlot) modifyAgain() {
 	}
 	c := s.client.c
 	s.modifyAnswer(func() error {
-		c.p.stats.record(s.id, outcomeUpstreamError)
+		c.p.stats.Record(s.id, stats.OutcomeUpstreamError)
 		c.reply(wire.LineContended)
 		return nil
 	})

@@ -203,7 +203,7 @@ func (u *loopUpstream) room() []byte {
 	if n == 0 {
 		return acc[len(acc):cap(acc)]
 	}
-	u.ls.l.p.stats.upstreamReadsInPlace.Add(1)
+	u.ls.l.p.stats.UpstreamReadsInPlace.Add(1)
 	return acc[len(acc) : len(acc)+n]
 }
 

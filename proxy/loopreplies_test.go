@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -148,7 +149,7 @@ func TestReqQueueStaysSmall(t *testing.T) {
 func TestReplyScanReadsLongValuesInPlace(t *testing.T) {
 	req := &loopReq{}
 	upstreamOnLoop := func() *loopUpstream {
-		return &loopUpstream{ls: &loopState{l: &eventLoops{p: &Proxy{stats: newStats()}}}, sent: 1}
+		return &loopUpstream{ls: &loopState{l: &eventLoops{p: &Proxy{stats: stats.New()}}}, sent: 1}
 	}
 
 	// The room leaves loopChunkRoom after the value's next bytes, however
@@ -314,7 +315,7 @@ func TestEventLoopLongValuesFromATricklingServer(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if p.stats.upstreamReadsInPlace.Load() == 0 {
+	if p.stats.UpstreamReadsInPlace.Load() == 0 {
 		t.Error("no value was read straight into place")
 	}
 }
@@ -343,7 +344,7 @@ func TestEventLoopValueLongerThanMemcachedHolds(t *testing.T) {
 			if _, err := io.ReadFull(c, got); err != nil || string(got) != "END\r\n" {
 				t.Fatalf("get k answered %q (%v), want a miss", got, err)
 			}
-			if n := p.stats.upstreamReadsInPlace.Load(); n != 0 {
+			if n := p.stats.UpstreamReadsInPlace.Load(); n != 0 {
 				t.Fatalf("%d reads made room for the value", n)
 			}
 		})

@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 )
 
 // retrieve sends a get or gets to the servers of its keys, one request
@@ -30,8 +31,8 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) {
 	}
 	var ups [4]*loopUpstream // each request's server; more than four are rare
 	reqUps := ups[:0]
-	var run tenantRun
-	defer run.end()
+	var run stats.TenantRun
+	defer run.End()
 	for i, k := range keys {
 		rk := c.resolve(k, need)
 		o, first := s.owner(k, i, len(keys), rk, &run)
@@ -71,11 +72,11 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) {
 // and returns its owner and the owner of the same key named earlier, or
 // -1: a key named again is fetched once and answered as often as it was
 // named, as memcached does.
-func (s *loopSlot) owner(k []byte, i, n int, rk resolvedKey, run *tenantRun) (loopOwner, int) {
+func (s *loopSlot) owner(k []byte, i, n int, rk resolvedKey, run *stats.TenantRun) (loopOwner, int) {
 	first := s.named(k, i, n)
 	s.keys = append(s.keys, k...)
 	s.ends = append(s.ends, len(s.keys))
-	o := loopOwner{first: first + 1, tenant: run.counters(s.client.c.p.tenants, rk.tenant), bound: rk.bound}
+	o := loopOwner{first: first + 1, tenant: run.Counters(s.client.c.p.tenants, rk.tenant), bound: rk.bound}
 	if rk.bound {
 		o.upStart = len(s.ups)
 		s.ups = append(s.ups, rk.up...)
@@ -183,7 +184,7 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) in
 		if a.ArgsOK && c.p.keys != nil {
 			c.validKey(a.Key) // counted as refused
 		}
-		c.p.stats.cmdSet.Add(1)
+		c.p.stats.CmdSet.Add(1)
 		lc.refuse(id, a.Noreply, wire.LineBadFormat)
 		if !a.LenOK {
 			return lineLen
@@ -272,20 +273,20 @@ func (lc *loopClient) refuse(id int, noreply bool, reply []byte) {
 	c := lc.c
 	lc.local(id, func() {
 		c.noreply = noreply
-		c.p.stats.record(id, outcomeClientError)
+		c.p.stats.Record(id, stats.OutcomeClientError)
 		c.reply(reply)
 	})
 }
 
 // countStore counts a storage command the loop takes, as the goroutine
 // path counts it, and returns its tenant's counters, if any.
-func (lc *loopClient) countStore(rk resolvedKey) *tenantCounters {
+func (lc *loopClient) countStore(rk resolvedKey) *stats.TenantCounters {
 	c := lc.c
 	c.countRewrite(rk)
-	c.p.stats.cmdSet.Add(1)
-	tenant := c.p.tenants.counters(rk.tenant)
+	c.p.stats.CmdSet.Add(1)
+	tenant := c.p.tenants.Counters(rk.tenant)
 	if tenant != nil {
-		tenant.requests.Add(1)
+		tenant.Requests.Add(1)
 	}
 	return tenant
 }
@@ -300,7 +301,7 @@ func (lc *loopClient) tooLarge(id int, a wire.StoreArgs, rk resolvedKey) {
 	c := lc.c
 	lc.countStore(rk)
 	lc.local(id, func() {
-		c.p.stats.record(id, outcomeClientError)
+		c.p.stats.Record(id, stats.OutcomeClientError)
 		c.noreply = a.Noreply
 		c.reply(wire.LineTooLarge)
 	})

@@ -8,6 +8,7 @@ import (
 
 	"mcsidecar/proxy/evloop"
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -347,7 +348,7 @@ func (p *Proxy) countDropped(r *loopReq, reply []byte, err error) {
 	switch r.drop {
 	case dropCorrupt:
 		if err == nil && bytes.Equal(reply, wire.LineDeleted) {
-			p.stats.codecDeleted.Add(1)
+			p.stats.CodecDeleted.Add(1)
 		}
 	case dropFill:
 		result := fillNotStored
@@ -363,11 +364,11 @@ func (p *Proxy) countDropped(r *loopReq, reply []byte, err error) {
 		p.fills[result].Add(1)
 	case dropUnfill:
 		p.wroteOf(r.key)
-		if err == nil && isServerError(reply) {
+		if err == nil && stats.IsServerError(reply) {
 			r.srv.CountServerError()
 		}
 	case dropAlign, dropUndo:
-		if err == nil && isServerError(reply) {
+		if err == nil && stats.IsServerError(reply) {
 			r.srv.CountServerError()
 		}
 		if r.drop == dropAlign && writeFailed(reply, err) {

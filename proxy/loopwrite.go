@@ -44,7 +44,7 @@ func (lc *loopClient) written() {
 				continue
 			}
 		}
-		st.latency[s.id].Observe(lc.ls.now.Sub(s.began).Seconds())
+		st.Latency[s.id].Observe(lc.ls.now.Sub(s.began).Seconds())
 		lc.charge(s, 0) // given to the socket or to evloop, or dropped
 		lc.ls.putSlot(s)
 		lc.slots[n] = nil
@@ -106,7 +106,7 @@ func (lc *loopClient) send(out [][]byte) [][]byte {
 		return nil
 	}
 	n, rest, _ := lc.put(out, loopCopyMax)
-	lc.c.p.stats.bytesWritten.Add(uint64(n))
+	lc.c.p.stats.BytesWritten.Add(uint64(n))
 	return rest
 }
 
@@ -128,7 +128,7 @@ func (lc *loopClient) sendTLS(out [][]byte) {
 		lc.closeSelf()
 		return
 	}
-	lc.c.p.stats.bytesWritten.Add(uint64(len(plain)))
+	lc.c.p.stats.BytesWritten.Add(uint64(len(plain)))
 	lc.putSealed()
 }
 

@@ -91,7 +91,7 @@ func TestEventLoopLongRepliesInOrder(t *testing.T) {
 	want := setBig(t, addr, 900<<10)
 	// Most of a 900 KB value's rest is read straight into place.
 	defer func() {
-		if p.stats.upstreamReadsInPlace.Load() == 0 {
+		if p.stats.UpstreamReadsInPlace.Load() == 0 {
 			t.Error("no value was read straight into place")
 		}
 	}()

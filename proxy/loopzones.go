@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 )
 
 // zoneByZone reports whether write id tries the zones in turn (see
@@ -68,8 +69,8 @@ func (s *loopSlot) decide(r *loopReq, reply []byte, err error) (answer []byte, d
 			p.zones[z].writeFailures.Add(1)
 		}
 		if err == nil {
-			switch replyOutcome(reply) {
-			case outcomeStored, outcomeOK, outcomeClientError, outcomeUpstreamError:
+			switch stats.ReplyOutcome(reply) {
+			case stats.OutcomeStored, stats.OutcomeOK, stats.OutcomeClientError, stats.OutcomeUpstreamError:
 				return r.buf, true, nil
 			}
 		}
@@ -83,7 +84,7 @@ func (s *loopSlot) decide(r *loopReq, reply []byte, err error) (answer []byte, d
 	}
 	var first *loopReq
 	for _, q := range s.reqs {
-		if q.err == nil && (first == nil || replyOutcome(q.buf) == outcomeExists && replyOutcome(first.buf) != outcomeExists) {
+		if q.err == nil && (first == nil || stats.ReplyOutcome(q.buf) == stats.OutcomeExists && stats.ReplyOutcome(first.buf) != stats.OutcomeExists) {
 			first = q
 		}
 	}
@@ -99,7 +100,7 @@ func (s *loopSlot) decide(r *loopReq, reply []byte, err error) (answer []byte, d
 // NOT_STORED answers. Otherwise reply does.
 func (s *loopSlot) addHeld(reply []byte) []byte {
 	held := slices.IndexFunc(s.reqs, func(q *loopReq) bool {
-		return q.err == nil && replyOutcome(q.buf) == outcomeNotStored
+		return q.err == nil && stats.ReplyOutcome(q.buf) == stats.OutcomeNotStored
 	})
 	if held < 0 {
 		return reply
@@ -110,7 +111,7 @@ func (s *loopSlot) addHeld(reply []byte) []byte {
 		del = s.keys
 	}
 	for z, q := range s.reqs {
-		if q.err == nil && replyOutcome(q.buf) == outcomeStored {
+		if q.err == nil && stats.ReplyOutcome(q.buf) == stats.OutcomeStored {
 			s.alignZone(z, del, false)
 		}
 	}
@@ -124,17 +125,17 @@ func (s *loopSlot) addHeld(reply []byte) []byte {
 // other copies cannot be brought to the same bytes without reading it.
 func (s *loopSlot) align(reply []byte) {
 	var req []byte
-	switch oc := replyOutcome(reply); {
+	switch oc := stats.ReplyOutcome(reply); {
 	case s.meta != nil:
 		// An ms or md: the request made for it when it was sent.
 		// An ma that took answers VA as well as HD.
-		took := oc == outcomeStored || s.id == wire.CmdMetaArithmetic && oc == outcomeOK
+		took := oc == stats.OutcomeStored || s.id == wire.CmdMetaArithmetic && oc == stats.OutcomeOK
 		if req = s.meta.alignReq(); req == nil || !took {
 			return
 		}
 		s.alignAll(req)
 		return
-	case (s.id == wire.CmdReplace || s.id == wire.CmdCas) && oc == outcomeStored:
+	case (s.id == wire.CmdReplace || s.id == wire.CmdCas) && oc == stats.OutcomeStored:
 		// The kept request, "<verb> <key> <flags> <exptime> <bytes>[ <cas>]"
 		// and the value, as a set.
 		line, value, _ := bytes.Cut(s.arena, wire.CRLF)
@@ -144,7 +145,7 @@ func (s *loopSlot) align(reply []byte) {
 			req = append(append(req, ' '), w...)
 		}
 		req = append(append(req, wire.CRLF...), value...)
-	case (s.id == wire.CmdAppend || s.id == wire.CmdPrepend) && oc == outcomeStored, (s.id == wire.CmdIncr || s.id == wire.CmdDecr) && oc == outcomeOK:
+	case (s.id == wire.CmdAppend || s.id == wire.CmdPrepend) && oc == stats.OutcomeStored, (s.id == wire.CmdIncr || s.id == wire.CmdDecr) && oc == stats.OutcomeOK:
 		req = appendKeyCommand(s.keys[:0], "delete ", string(s.ups), nil)
 	default:
 		return

@@ -319,7 +319,7 @@ func testEventLoopZoneWrites(t *testing.T, writes string) {
 		t.Errorf("the zones hold after the writes:\n%v\nwant:\n%v", held, want)
 	}
 	// The deletes that bring zones in line are not damaged items.
-	if n := p.stats.codecDeleted.Load(); n != 0 {
+	if n := p.stats.CodecDeleted.Load(); n != 0 {
 		t.Errorf("%d deletes counted as of damaged items", n)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -119,7 +120,7 @@ func ttlOf(exptime int32) int32 {
 // number, c the new CAS value, t the time to live as it stood where the
 // client put t.
 func (c *conn) metaArithmeticAnswer(m *metaReq, n, cas uint64, ttl int32, created bool) error {
-	c.p.stats.record(wire.CmdMetaArithmetic, outcomeOK)
+	c.p.stats.Record(wire.CmdMetaArithmetic, stats.OutcomeOK)
 	if m.Quiet {
 		return nil
 	}

@@ -8,12 +8,13 @@ import (
 	"strconv"
 
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
 )
 
 // metaMiss answers a meta get that found nothing: EN, unless quiet.
 func (c *conn) metaMiss(m *metaReq) {
-	c.p.stats.record(wire.CmdMetaGet, outcomeMiss)
+	c.p.stats.Record(wire.CmdMetaGet, stats.OutcomeMiss)
 	c.writeMetaMiss(m)
 }
 
@@ -78,7 +79,7 @@ func (c *conn) metaGetAnswer(m *metaReq, bound bool, line, value []byte, srv *up
 		// A miss for the client, an upstream error in the counters.
 		srv.DropIdle(err)
 		c.metaCountKey(m, false)
-		c.p.stats.record(wire.CmdMetaGet, outcomeUpstreamError)
+		c.p.stats.Record(wire.CmdMetaGet, stats.OutcomeUpstreamError)
 		c.writeMetaMiss(m)
 		return nil, 0, false
 	}
@@ -119,7 +120,7 @@ func (c *conn) metaGetAnswer(m *metaReq, bound bool, line, value []byte, srv *up
 			// Under a rewritten key, a plain item is some client's own
 			// value at an equal key: a miss. An empty one with no flags
 			// is the stub N created, and holds nothing of anyone's.
-			c.p.stats.keyUnbound.Add(1)
+			c.p.stats.KeyUnbound.Add(1)
 			c.metaCountKey(m, false)
 			c.metaMiss(m)
 			return nil, 0, false
@@ -127,7 +128,7 @@ func (c *conn) metaGetAnswer(m *metaReq, bound bool, line, value []byte, srv *up
 	}
 	codec := c.p.codec != nil
 	c.metaCountKey(m, true)
-	c.p.stats.record(wire.CmdMetaGet, outcomeHit)
+	c.p.stats.Record(wire.CmdMetaGet, stats.OutcomeHit)
 	out := c.mst.out[:0]
 	if m.Value {
 		out = append(out, wire.LineMetaValue...)
@@ -210,9 +211,9 @@ const metaEndFlags = "ZXW"
 // metaCountKey counts an mg's key as a retrieval's, hit or miss, for
 // the proxy and for the key's tenant.
 func (c *conn) metaCountKey(m *metaReq, hit bool) {
-	tally := keyTally{touch: m.HasTTL}
-	tally.add(c.p.tenants.counters(m.rk.tenant), hit)
-	tally.flush(c.p.stats)
+	tally := stats.Tally{Touch: m.HasTTL}
+	tally.Add(c.p.tenants.Counters(m.rk.tenant), hit)
+	tally.Flush(c.p.stats)
 }
 
 // metaDebugAnswer answers me m of upstream key k from memcached's reply
@@ -224,15 +225,15 @@ func (c *conn) metaDebugAnswer(m *metaReq, k string, line []byte, srv *upstream.
 	}
 	rest, ok := bytes.CutPrefix(line, []byte("ME "))
 	if !ok {
-		oc := outcomeMiss
+		oc := stats.OutcomeMiss
 		if !bytes.Equal(line, wire.LineMetaMiss) {
-			oc = replyOutcome(line)
+			oc = stats.ReplyOutcome(line)
 		}
-		c.p.stats.record(wire.CmdMetaDebug, oc)
+		c.p.stats.Record(wire.CmdMetaDebug, oc)
 		c.wr.Write(line)
 		return
 	}
-	c.p.stats.record(wire.CmdMetaDebug, outcomeHit)
+	c.p.stats.Record(wire.CmdMetaDebug, stats.OutcomeHit)
 	sent, info, _ := bytes.Cut(rest, []byte{' '})
 	out := append(c.mst.out[:0], "ME "...)
 	if string(sent) != k {

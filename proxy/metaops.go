@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 	"strconv"
 )
 
@@ -89,14 +90,14 @@ func (r *metaReply) flag(b byte) ([]byte, bool) {
 
 // metaOutcome is the outcome a meta reply code counts as: NF, EX and NS
 // name theirs, any other is the command's success, ok.
-func metaOutcome(code []byte, ok outcome) outcome {
+func metaOutcome(code []byte, ok stats.Outcome) stats.Outcome {
 	switch {
 	case bytes.Equal(code, metaCodeNotFound):
-		return outcomeNotFound
+		return stats.OutcomeNotFound
 	case bytes.Equal(code, metaCodeExists):
-		return outcomeExists
+		return stats.OutcomeExists
 	case bytes.Equal(code, metaCodeNotStore):
-		return outcomeNotStored
+		return stats.OutcomeNotStored
 	}
 	return ok
 }
@@ -147,7 +148,7 @@ func appendMetaNoItem(dst []byte, m *metaReq) []byte {
 
 // metaNoop answers mn.
 func (c *conn) metaNoop() {
-	c.p.stats.record(wire.CmdMetaNoop, outcomeOK)
+	c.p.stats.Record(wire.CmdMetaNoop, stats.OutcomeOK)
 	c.wr.Write(wire.LineMetaNoop)
 }
 
@@ -156,13 +157,13 @@ func (c *conn) metaNoop() {
 // VA), the opaque and key always. value is ma's number (VA). quiet hides
 // the nominal reply (HD, and ma's VA).
 func (c *conn) metaAnswer(id int, m *metaReq, code []byte, r *metaReply, value []byte) error {
-	oc := metaOutcome(code, outcomeOK)
-	c.p.stats.record(id, oc)
-	if oc == outcomeOK && m.Quiet {
+	oc := metaOutcome(code, stats.OutcomeOK)
+	c.p.stats.Record(id, oc)
+	if oc == stats.OutcomeOK && m.Quiet {
 		return nil
 	}
 	out := c.mst.out[:0]
-	if oc != outcomeOK || r == nil {
+	if oc != stats.OutcomeOK || r == nil {
 		out = appendMetaNoItem(append(out, code...), m)
 	} else {
 		if value != nil {

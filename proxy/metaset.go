@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -47,9 +48,9 @@ func (c *conn) appendMetaStore(dst []byte, k string, m *metaReq, flags uint32, s
 // metaSetAnswer answers ms with code and the client's return flags in its
 // order; cas is the c flag's value. quiet hides HD only.
 func (c *conn) metaSetAnswer(m *metaReq, code, cas []byte) error {
-	oc := metaOutcome(code, outcomeStored)
-	c.p.stats.record(wire.CmdMetaSet, oc)
-	if oc == outcomeStored && m.Quiet {
+	oc := metaOutcome(code, stats.OutcomeStored)
+	c.p.stats.Record(wire.CmdMetaSet, oc)
+	if oc == stats.OutcomeStored && m.Quiet {
 		return nil
 	}
 	if cas == nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 	"strconv"
 	"strings"
 	"testing"
@@ -214,7 +215,7 @@ func TestMetaGetUpstreamFailureIsAMiss(t *testing.T) {
 	if got := metaDo(t, newLineClient(t, addr), "mg k v O1 k\r\n"); got != "EN O1 kk\r\n" {
 		t.Fatalf("mg answered %q", got)
 	}
-	if n := p.stats.requests[wire.CmdMetaGet][outcomeUpstreamError].Load(); n != 1 {
+	if n := p.stats.Requests[wire.CmdMetaGet][stats.OutcomeUpstreamError].Load(); n != 1 {
 		t.Errorf("%d mg upstream errors counted, want 1", n)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"mcsidecar/codec"
 	"mcsidecar/keyspace"
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -53,7 +54,7 @@ type collector struct {
 	tierBytes   *prometheus.Desc
 	tierEntries *prometheus.Desc
 	tierLimit   *prometheus.Desc
-	tenants     tenantDescs
+	tenants     stats.TenantDescs
 }
 
 // Register adds the proxy's metrics to reg.
@@ -96,7 +97,7 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 		tierBytes:   prometheus.NewDesc(ns+"_local_cache_bytes", "Bytes the local tier holds: values, keys and bookkeeping.", nil, nil),
 		tierEntries: prometheus.NewDesc(ns+"_local_cache_entries", "Entries in the local tier.", nil, nil),
 		tierLimit:   prometheus.NewDesc(ns+"_local_cache_limit_bytes", "The local tier's size, --local-cache-size.", nil, nil),
-		tenants:     newTenantDescs(ns),
+		tenants:     stats.NewTenantDescs(ns),
 	})
 }
 
@@ -108,9 +109,9 @@ func (m *collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	upstream.DescribeHealth(ch)
-	m.tenants.describe(ch)
-	m.p.stats.requestLatency.Describe(ch)
-	m.p.stats.upstreamLatency.Describe(ch)
+	m.tenants.Describe(ch)
+	m.p.stats.RequestLatency.Describe(ch)
+	m.p.stats.UpstreamLatency.Describe(ch)
 }
 
 func (m *collector) Collect(ch chan<- prometheus.Metric) {
@@ -121,20 +122,20 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	servers := m.p.uniqueServers()
 	upstream.CollectHealth(ch, servers)
 	for id := range wire.NumCommands {
-		for oc := range numOutcomes {
-			counter(m.requests, s.requests[id][oc].Load(), wire.Commands[id].Name, outcomeNames[oc])
+		for oc := range stats.NumOutcomes {
+			counter(m.requests, s.Requests[id][oc].Load(), wire.Commands[id].Name, stats.OutcomeNames[oc])
 		}
 	}
-	ch <- prometheus.MustNewConstMetric(m.connections, prometheus.GaugeValue, float64(s.currConns.Load()))
-	counter(m.accepted, uint64(s.totalConns.Load()))
-	counter(m.refusedConn, s.connsRefused.Load())
-	counter(m.idleClosed, s.connsIdleClosed.Load())
-	counter(m.outClosed, s.connsOutputClosed.Load())
-	counter(m.readPauses, s.clientReadPauses.Load())
-	counter(m.bytesIn, s.bytesRead.Load())
-	counter(m.bytesOut, s.bytesWritten.Load())
-	counter(m.keys, s.getHits.Load()+s.touchHits.Load(), "hit")
-	counter(m.keys, s.getMisses.Load()+s.touchMisses.Load(), "miss")
+	ch <- prometheus.MustNewConstMetric(m.connections, prometheus.GaugeValue, float64(s.CurrConns.Load()))
+	counter(m.accepted, uint64(s.TotalConns.Load()))
+	counter(m.refusedConn, s.ConnsRefused.Load())
+	counter(m.idleClosed, s.ConnsIdleClosed.Load())
+	counter(m.outClosed, s.ConnsOutputClosed.Load())
+	counter(m.readPauses, s.ClientReadPauses.Load())
+	counter(m.bytesIn, s.BytesRead.Load())
+	counter(m.bytesOut, s.BytesWritten.Load())
+	counter(m.keys, s.GetHits.Load()+s.TouchHits.Load(), "hit")
+	counter(m.keys, s.GetMisses.Load()+s.TouchMisses.Load(), "miss")
 	for _, srv := range servers {
 		counter(m.upRequests, srv.Requests(), srv.Name())
 		for k := upstream.KindNone + 1; k < upstream.NumKinds; k++ {
@@ -145,26 +146,26 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(m.upServers, prometheus.GaugeValue, float64(len(servers)))
-	counter(m.upGets, s.upstreamGets.Load())
-	counter(m.upGetKeys, s.upstreamGetKeys.Load())
+	counter(m.upGets, s.UpstreamGets.Load())
+	counter(m.upGetKeys, s.UpstreamGetKeys.Load())
 	for _, r := range codec.Reasons() {
-		counter(m.refused, s.codecRefused[r&15].Load(), r.String())
+		counter(m.refused, s.CodecRefused[r&15].Load(), r.String())
 	}
-	counter(m.deleted, s.codecDeleted.Load())
-	counter(m.logical, s.codecLogical.Load())
-	counter(m.stored, s.codecStored.Load())
-	counter(m.readLogical, s.codecReadLogical.Load())
-	counter(m.readStored, s.codecReadStored.Load())
+	counter(m.deleted, s.CodecDeleted.Load())
+	counter(m.logical, s.CodecLogical.Load())
+	counter(m.stored, s.CodecStored.Load())
+	counter(m.readLogical, s.CodecReadLogical.Load())
+	counter(m.readStored, s.CodecReadStored.Load())
 	if ks := m.p.keys; ks != nil {
 		for i, scheme := range ks.SchemeNames() {
 			for _, step := range keyspace.Steps() {
-				counter(m.rewrites, s.keyRewrites[i*numSteps+int(step)].Load(), scheme, step.String())
+				counter(m.rewrites, s.KeyRewrites[i*numSteps+int(step)].Load(), scheme, step.String())
 			}
 		}
 		for _, r := range keyspace.Reasons() {
-			counter(m.rejected, s.keyRejected[r&7].Load(), r.String())
+			counter(m.rejected, s.KeyRejected[r&7].Load(), r.String())
 		}
-		counter(m.unbound, s.keyUnbound.Load())
+		counter(m.unbound, s.KeyUnbound.Load())
 	}
 	if m.p.zoned() {
 		for i, z := range m.p.zones {
@@ -187,7 +188,7 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(m.tierReads, ts.Hits, "hit")
 		counter(m.tierReads, ts.Misses, "miss")
 		counter(m.tierEvicted, ts.Evictions)
-		counter(m.tierMutable, s.tierMutable.Load())
+		counter(m.tierMutable, s.TierMutable.Load())
 		gauge := func(d *prometheus.Desc, v float64) {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
 		}
@@ -195,7 +196,7 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(m.tierEntries, float64(ts.Entries))
 		gauge(m.tierLimit, float64(m.p.cfg.LocalCacheSize))
 	}
-	m.tenants.collect(ch, m.p.tenants)
-	s.requestLatency.Collect(ch)
-	s.upstreamLatency.Collect(ch)
+	m.tenants.Collect(ch, m.p.tenants)
+	s.RequestLatency.Collect(ch)
+	s.UpstreamLatency.Collect(ch)
 }

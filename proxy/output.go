@@ -127,9 +127,9 @@ func (lc *loopClient) noteOut() {
 // holds replies for it, as a client that left them unread.
 func (lc *loopClient) closeIdle() {
 	st := lc.c.p.stats
-	st.connsIdleClosed.Add(1)
+	st.ConnsIdleClosed.Add(1)
 	if lc.gc.OutboundBuffered() > 0 {
-		st.connsOutputClosed.Add(1)
+		st.ConnsOutputClosed.Add(1)
 	}
 	lc.gc.Close()
 }

@@ -149,7 +149,7 @@ func TestUnreadRepliesCloseAtIdleTimeout(t *testing.T) {
 			// the idle timeout.
 			reader := dial(t, addr)
 			br := bufio.NewReader(reader)
-			for deadline := time.Now().Add(30 * time.Second); p.stats.connsOutputClosed.Load() < 3 && time.Now().Before(deadline); {
+			for deadline := time.Now().Add(30 * time.Second); p.stats.ConnsOutputClosed.Load() < 3 && time.Now().Before(deadline); {
 				reader.SetDeadline(time.Now().Add(30 * time.Second))
 				time.Sleep(cfg.IdleTimeout / 10)
 				if _, err := io.WriteString(reader, "get v1\r\n"); err != nil {

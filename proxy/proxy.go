@@ -19,6 +19,7 @@ import (
 	"mcsidecar/codec"
 	"mcsidecar/keyspace"
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/tier"
 	"mcsidecar/proxy/upstream"
 )
@@ -37,10 +38,10 @@ type Proxy struct {
 	zones     []*zone
 	fills     [numFillResults]atomic.Uint64
 	discovery *discovery // nil: every upstream entry is static
-	stats     *stats
-	tenants   *tenantTable // nil: no per-tenant view
-	codec     *codec.Codec // nil: no value is enveloped
-	tier      *tier.Cache  // nil: no local tier
+	stats     *stats.Counters
+	tenants   *stats.Tenants // nil: no per-tenant view
+	codec     *codec.Codec   // nil: no value is enveloped
+	tier      *tier.Cache    // nil: no local tier
 	guard     writeGuard
 	guarding  bool               // guards(): writes are counted
 	keys      *keyspace.Keyspace // nil: keys are not rewritten
@@ -101,26 +102,26 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 		cfg:     cfg,
 		version: version,
 		log:     log,
-		stats:   newStats(),
+		stats:   stats.New(),
 		conns:   make(map[*conn]struct{}),
 	}
-	p.stats.log = log
+	p.stats.Log = log
 	p.keyLine = wire.LineLimit
 	if ks != nil {
 		p.keyLine = wire.KeyedLineMax(ks.MaxClientLength())
 	}
 	if cfg.LocalCacheSize > 0 {
 		p.tier = tier.New(int64(cfg.LocalCacheSize))
-		p.stats.tier = p.tier
+		p.stats.Tier = p.tier
 	}
 	if ks != nil {
 		p.schemeIndex = make(map[string]int)
 		for i, name := range ks.SchemeNames() {
 			p.schemeIndex[name] = i
 		}
-		p.stats.keyRewrites = make([]atomic.Uint64, len(p.schemeIndex)*numSteps)
+		p.stats.KeyRewrites = make([]atomic.Uint64, len(p.schemeIndex)*numSteps)
 		if cfg.MetricsTenants > 0 {
-			p.tenants = newTenantTable(cfg.MetricsTenants)
+			p.tenants = stats.NewTenants(cfg.MetricsTenants)
 		}
 	}
 	specs, err := cfg.zoneSpecs()
@@ -240,8 +241,8 @@ func (p *Proxy) track(c *conn) bool {
 	}
 	p.conns[c] = struct{}{}
 	p.wg.Add(1)
-	p.stats.currConns.Add(1)
-	p.stats.totalConns.Add(1)
+	p.stats.CurrConns.Add(1)
+	p.stats.TotalConns.Add(1)
 	return true
 }
 
@@ -249,7 +250,7 @@ func (p *Proxy) untrack(c *conn) {
 	p.mu.Lock()
 	delete(p.conns, c)
 	p.mu.Unlock()
-	p.stats.currConns.Add(-1)
+	p.stats.CurrConns.Add(-1)
 	p.wg.Done()
 }
 

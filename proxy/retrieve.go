@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/stats"
 )
 
 // expiresAtOnce reports whether memcached expires an item given exptime
@@ -17,7 +18,7 @@ func expiresAtOnce(exptime int32) bool {
 func (c *conn) checkKeys(id int, keys [][]byte) bool {
 	for _, k := range keys {
 		if !c.validKey(k) {
-			c.p.stats.record(id, outcomeClientError)
+			c.p.stats.Record(id, stats.OutcomeClientError)
 			c.reply(wire.LineBadFormat)
 			return false
 		}

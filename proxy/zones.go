@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -183,4 +184,4 @@ func (p *Proxy) allServers() []*upstream.Server {
 }
 
 // writeFailed reports whether a write did not take in its zone.
-func writeFailed(line []byte, err error) bool { return err != nil || isServerError(line) }
+func writeFailed(line []byte, err error) bool { return err != nil || stats.IsServerError(line) }

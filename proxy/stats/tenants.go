@@ -1,4 +1,4 @@
-package proxy
+package stats
 
 import (
 	"bytes"
@@ -27,7 +27,7 @@ const maxTenantLabel = 150
 // tenantLabel lengthens them if that chance comes up anyway.
 const tenantHashChars = 12
 
-// tenantLabel returns the label of tenant when labels given before are
+// TenantLabel returns the label of tenant when labels given before are
 // taken: the ID itself when it is one (valid UTF-8, at most
 // maxTenantLabel bytes, not otherTenant, without '~'); otherwise as much
 // of the ID as fits, readable, then '~' and a hash of the whole ID, so
@@ -35,7 +35,7 @@ const tenantHashChars = 12
 // holding '~' is hashed too, so that no ID as it is can equal another's
 // hashed label. It returns "" only when two IDs hash alike in all of
 // SHA-256.
-func tenantLabel(tenant string, taken func(string) bool) string {
+func TenantLabel(tenant string, taken func(string) bool) string {
 	if len(tenant) <= maxTenantLabel && utf8.ValidString(tenant) && tenant != otherTenant && !strings.Contains(tenant, "~") {
 		if taken(tenant) {
 			return ""
@@ -57,21 +57,21 @@ func tenantLabel(tenant string, taken func(string) bool) string {
 	return ""
 }
 
-// tenantCounters counts one tenant's requests (keys asked for or
+// TenantCounters counts one tenant's requests (keys asked for or
 // stored), hits among the keys asked for, and bytes stored upstream.
-type tenantCounters struct {
-	label                   string
-	requests, hits, written atomic.Uint64
+type TenantCounters struct {
+	Label                   string
+	Requests, Hits, Written atomic.Uint64
 	recent                  atomic.Uint64 // requests since the last rebalance
 }
 
-func (t *tenantCounters) fold(from *tenantCounters) {
-	t.requests.Add(from.requests.Load())
-	t.hits.Add(from.hits.Load())
-	t.written.Add(from.written.Load())
+func (t *TenantCounters) fold(from *TenantCounters) {
+	t.Requests.Add(from.Requests.Load())
+	t.Hits.Add(from.Hits.Load())
+	t.Written.Add(from.Written.Load())
 }
 
-// tenantTable keeps per-tenant counters for the busiest tenants only, so
+// Tenants keeps per-tenant counters for the busiest tenants only, so
 // the series exported stay bounded (at most max tenants and "other")
 // whatever the number of tenants.
 //
@@ -88,10 +88,10 @@ func (t *tenantCounters) fold(from *tenantCounters) {
 // slot. The evicted tenant's totals are added to "other" (and the tenant
 // to folded), so the sum over all tenant series never goes back; the promoted tenant's series starts
 // at zero. Until the table is full, a new tenant gets a slot at once.
-type tenantTable struct {
+type Tenants struct {
 	max   int
-	slots atomic.Pointer[map[string]*tenantCounters]
-	other tenantCounters
+	slots atomic.Pointer[map[string]*TenantCounters]
+	other TenantCounters
 	// folded counts the tenants that lost their slot to a busier one.
 	folded atomic.Uint64
 
@@ -102,18 +102,18 @@ type tenantTable struct {
 	cand map[string]*uint64
 }
 
-func newTenantTable(max int) *tenantTable {
-	t := &tenantTable{max: max, cand: make(map[string]*uint64, max)}
-	t.other.label = otherTenant
-	t.slots.Store(&map[string]*tenantCounters{})
+func NewTenants(max int) *Tenants {
+	t := &Tenants{max: max, cand: make(map[string]*uint64, max)}
+	t.other.Label = otherTenant
+	t.slots.Store(&map[string]*TenantCounters{})
 	return t
 }
 
-// counters returns the counters of tenant, or nil for a key with no
+// Counters returns the counters of tenant, or nil for a key with no
 // tenant. A tenant's counters stay valid (and counted) after it loses its
 // slot: they were folded into "other" when it did, and later counts are
 // lost to the per-tenant view only until the next scrape.
-func (t *tenantTable) counters(tenant []byte) *tenantCounters {
+func (t *Tenants) Counters(tenant []byte) *TenantCounters {
 	if t == nil || len(tenant) == 0 {
 		return nil
 	}
@@ -124,30 +124,30 @@ func (t *tenantTable) counters(tenant []byte) *tenantCounters {
 	return t.miss(tenant)
 }
 
-// A tenantRun finds the counters of a request's keys, which mostly share
+// A TenantRun finds the counters of a request's keys, which mostly share
 // one tenant: a key of the same tenant as the one before takes its
 // counters without a lookup (hashing a 150-byte tenant), and the run's
 // keys are added to the tenant's recent count at once, not one atomic
 // add each, which the event loops would contend for.
-type tenantRun struct {
+type TenantRun struct {
 	tenant []byte
-	c      *tenantCounters
+	c      *TenantCounters
 	keys   uint64 // keys of the run after the first, not yet counted in c.recent
 }
 
-// counters returns the counters of tenant, as tenantTable.counters does.
-func (r *tenantRun) counters(t *tenantTable, tenant []byte) *tenantCounters {
+// Counters returns the counters of tenant, as Tenants.Counters does.
+func (r *TenantRun) Counters(t *Tenants, tenant []byte) *TenantCounters {
 	if r.c != nil && bytes.Equal(tenant, r.tenant) {
 		r.keys++
 		return r.c
 	}
-	r.end()
-	r.tenant, r.c = tenant, t.counters(tenant)
+	r.End()
+	r.tenant, r.c = tenant, t.Counters(tenant)
 	return r.c
 }
 
-// end counts the run's keys.
-func (r *tenantRun) end() {
+// End counts the run's keys.
+func (r *TenantRun) End() {
 	if r.c != nil && r.keys > 0 {
 		r.c.recent.Add(r.keys)
 	}
@@ -156,7 +156,7 @@ func (r *tenantRun) end() {
 
 // miss handles a tenant without a slot: it gets one while the table has
 // room, and otherwise counts in "other" and in the candidate sketch.
-func (t *tenantTable) miss(tenant []byte) *tenantCounters {
+func (t *Tenants) miss(tenant []byte) *TenantCounters {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	slots := *t.slots.Load()
@@ -193,10 +193,10 @@ func (t *tenantTable) miss(tenant []byte) *tenantCounters {
 // addSlot publishes a copy of slots with tenant added, and returns its
 // counters; nil only when no label of its own can be found for it (see
 // tenantLabel). t.mu is held.
-func (t *tenantTable) addSlot(slots map[string]*tenantCounters, tenant string) *tenantCounters {
-	label := tenantLabel(tenant, func(l string) bool {
+func (t *Tenants) addSlot(slots map[string]*TenantCounters, tenant string) *TenantCounters {
+	label := TenantLabel(tenant, func(l string) bool {
 		for _, c := range slots {
-			if c.label == l {
+			if c.Label == l {
 				return true
 			}
 		}
@@ -205,19 +205,19 @@ func (t *tenantTable) addSlot(slots map[string]*tenantCounters, tenant string) *
 	if label == "" {
 		return nil
 	}
-	next := make(map[string]*tenantCounters, len(slots)+1)
+	next := make(map[string]*TenantCounters, len(slots)+1)
 	for name, c := range slots {
 		next[name] = c
 	}
-	c := &tenantCounters{label: label}
+	c := &TenantCounters{Label: label}
 	next[tenant] = c
 	t.slots.Store(&next)
 	return c
 }
 
-// rebalance gives the slots of the quietest tenants to busier candidates,
+// Rebalance gives the slots of the quietest tenants to busier candidates,
 // and starts counting afresh. The collector calls it at every scrape.
-func (t *tenantTable) rebalance() {
+func (t *Tenants) Rebalance() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	slots := *t.slots.Load()
@@ -235,7 +235,7 @@ func (t *tenantTable) rebalance() {
 		}
 		slices.SortFunc(cands, func(a, b entry) int { return cmp.Compare(b.count, a.count) })
 		slices.SortFunc(held, func(a, b entry) int { return cmp.Compare(a.count, b.count) })
-		next := make(map[string]*tenantCounters, len(slots))
+		next := make(map[string]*TenantCounters, len(slots))
 		for name, c := range slots {
 			next[name] = c
 		}
@@ -257,27 +257,27 @@ func (t *tenantTable) rebalance() {
 	clear(t.cand)
 }
 
-// snapshot returns the counters of every tenant with a slot, then "other".
-func (t *tenantTable) snapshot() []*tenantCounters {
+// Snapshot returns the counters of every tenant with a slot, then "other".
+func (t *Tenants) Snapshot() []*TenantCounters {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var out []*tenantCounters
+	var out []*TenantCounters
 	for _, c := range *t.slots.Load() {
 		out = append(out, c)
 	}
-	slices.SortFunc(out, func(a, b *tenantCounters) int { return strings.Compare(a.label, b.label) })
+	slices.SortFunc(out, func(a, b *TenantCounters) int { return strings.Compare(a.Label, b.Label) })
 	return append(out, &t.other)
 }
 
-// tenantDescs are the per-tenant metrics.
-type tenantDescs struct {
+// TenantDescs are the per-tenant metrics.
+type TenantDescs struct {
 	requests, hits, written, folded *prometheus.Desc
 }
 
-func newTenantDescs(ns string) tenantDescs {
+func NewTenantDescs(ns string) TenantDescs {
 	const help = " The busiest --metrics-tenants tenants have their own series, the rest are counted as tenant=\"other\";" +
 		" a tenant ID over 150 bytes, not valid UTF-8, holding '~' or named other is labelled with its first bytes, '~' and 12 hex digits of its SHA-256."
-	return tenantDescs{
+	return TenantDescs{
 		requests: prometheus.NewDesc(ns+"_tenant_requests_total", "Keys asked for or stored, by the tenant their key scheme names."+help, []string{"tenant"}, nil),
 		hits:     prometheus.NewDesc(ns+"_tenant_hits_total", "Keys asked for and found, by tenant."+help, []string{"tenant"}, nil),
 		written:  prometheus.NewDesc(ns+"_tenant_written_bytes_total", "Bytes of values stored upstream (as memcached holds them), by tenant."+help, []string{"tenant"}, nil),
@@ -286,23 +286,23 @@ func newTenantDescs(ns string) tenantDescs {
 	}
 }
 
-func (d tenantDescs) describe(ch chan<- *prometheus.Desc) {
+func (d TenantDescs) Describe(ch chan<- *prometheus.Desc) {
 	ch <- d.requests
 	ch <- d.hits
 	ch <- d.written
 	ch <- d.folded
 }
 
-// collect exports the table, then rebalances it for the next scrape.
-func (d tenantDescs) collect(ch chan<- prometheus.Metric, t *tenantTable) {
+// Collect exports the table, then rebalances it for the next scrape.
+func (d TenantDescs) Collect(ch chan<- prometheus.Metric, t *Tenants) {
 	if t == nil {
 		return
 	}
-	for _, c := range t.snapshot() {
-		ch <- prometheus.MustNewConstMetric(d.requests, prometheus.CounterValue, float64(c.requests.Load()), c.label)
-		ch <- prometheus.MustNewConstMetric(d.hits, prometheus.CounterValue, float64(c.hits.Load()), c.label)
-		ch <- prometheus.MustNewConstMetric(d.written, prometheus.CounterValue, float64(c.written.Load()), c.label)
+	for _, c := range t.Snapshot() {
+		ch <- prometheus.MustNewConstMetric(d.requests, prometheus.CounterValue, float64(c.Requests.Load()), c.Label)
+		ch <- prometheus.MustNewConstMetric(d.hits, prometheus.CounterValue, float64(c.Hits.Load()), c.Label)
+		ch <- prometheus.MustNewConstMetric(d.written, prometheus.CounterValue, float64(c.Written.Load()), c.Label)
 	}
 	ch <- prometheus.MustNewConstMetric(d.folded, prometheus.CounterValue, float64(t.folded.Load()))
-	t.rebalance()
+	t.Rebalance()
 }
