@@ -45,12 +45,15 @@ func dialSmallWindow(t *testing.T, addr string) net.Conn {
 	return c
 }
 
-// onLoop reports whether f holds for a client of p's loop (the test
-// proxies have one), asked on the loop.
+// onLoop reports whether f holds for a client of one of p's loops (the
+// test proxies have one), asked on each loop.
 func onLoop(t *testing.T, p *Proxy, f func(lc *loopClient) bool) bool {
 	t.Helper()
-	res := make(chan bool, 1)
-	for el, ls := range eventLoopsOf(p) {
+	// A loop is known once it has had a connection: until then there is
+	// nothing to ask, and f holds for no client.
+	loops := eventLoopsOf(p)
+	res := make(chan bool, len(loops))
+	for el, ls := range loops {
 		err := el.Execute(func() {
 			ok := false
 			for lc := range ls.clients {
@@ -62,13 +65,16 @@ func onLoop(t *testing.T, p *Proxy, f func(lc *loopClient) bool) bool {
 			t.Fatal(err)
 		}
 	}
-	select {
-	case ok := <-res:
-		return ok
-	case <-time.After(5 * time.Second):
-		t.Fatal("the loop did not answer")
-		return false
+	ok := false
+	for range loops {
+		select {
+		case r := <-res:
+			ok = ok || r
+		case <-time.After(5 * time.Second):
+			t.Fatal("the loop did not answer")
+		}
 	}
+	return ok
 }
 
 // waitOnLoop waits up to 5 s for f to hold for a client of p's loop.

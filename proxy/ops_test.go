@@ -54,6 +54,11 @@ func TestRequestLatencyIsObservedOncePerRequestByCommand(t *testing.T) {
 		c.do("get a b\r\n")
 	}
 	c.do("version\r\n")
+	// A request is timed once its reply is handed to the socket, so the
+	// client may read the last reply a moment before it is counted.
+	waitFor(2*time.Second, func() bool {
+		return histogramCounts(t, reg, "mcsidecar_request_duration_seconds")["version"] > 0
+	})
 	counts = histogramCounts(t, reg, "mcsidecar_request_duration_seconds")
 	for _, cmd := range metricCommands {
 		want := map[string]uint64{"set": 1, "get": 3, "version": 1}[cmd]
