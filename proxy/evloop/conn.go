@@ -56,6 +56,25 @@ func (c *Conn) Discard(n int) {
 	c.fresh = c.fresh[min(n, len(c.fresh)):]
 }
 
+// traffic calls OnTraffic with fresh, the last read's bytes, after the
+// bytes held, and reports whether the connection is still open.
+func (c *Conn) traffic(fresh []byte) bool {
+	c.fresh = fresh
+	action := c.loop.h.OnTraffic(c)
+	if c.closing {
+		return false
+	}
+	if action == Close {
+		c.close(nil)
+		return false
+	}
+	if len(c.fresh) > 0 {
+		c.keepIn(c.fresh) // the read buffer is the loop's, or the handler's
+	}
+	c.fresh = nil
+	return true
+}
+
 // keepIn appends b to the bytes kept from earlier reads.
 func (c *Conn) keepIn(b []byte) {
 	if c.inOff > 0 {

@@ -271,19 +271,7 @@ func (c *Conn) read() {
 		c.close(os.NewSyscallError("read", io.EOF))
 		return
 	}
-	c.fresh = buf[:n]
-	action := l.h.OnTraffic(c)
-	if c.closing || c.fd < 0 {
-		return
-	}
-	if action == Close {
-		c.close(nil)
-		return
-	}
-	if len(c.fresh) > 0 {
-		c.keepIn(c.fresh) // the read buffer is the loop's, or the handler's
-	}
-	c.fresh = nil
+	c.traffic(buf[:n])
 }
 
 // write writes b to fd once, and returns what the socket took: 0, and no

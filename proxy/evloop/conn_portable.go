@@ -289,25 +289,6 @@ func (c *Conn) deliver(b []byte, err error) {
 	}
 }
 
-// traffic calls OnTraffic with fresh after the bytes held, and reports
-// whether the connection is still open.
-func (c *Conn) traffic(fresh []byte) bool {
-	c.fresh = fresh
-	action := c.loop.h.OnTraffic(c)
-	if c.closing {
-		return false
-	}
-	if action == Close {
-		c.close(nil)
-		return false
-	}
-	if len(c.fresh) > 0 {
-		c.keepIn(c.fresh) // the read buffer goes back, or to the next read
-	}
-	c.fresh = nil
-	return true
-}
-
 // Close closes the connection now: OnClose runs before Close returns, and
 // what the connection holds to write is written after it, for at most
 // closeLinger. Closing a closed connection does nothing. From another

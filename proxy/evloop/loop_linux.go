@@ -6,10 +6,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
@@ -30,12 +28,7 @@ const Poller = "epoll"
 // the connections enrolled on it. Only Execute and Enroll may be called
 // from other goroutines.
 type Loop struct {
-	h        Handler
-	pollEnd  PollEnder  // h, when it is one
-	readInto ReadIntoer // h, when it is one
-	readEnd  ReadEnder  // h, when it is one
-	noDelay  bool
-	log      *slog.Logger
+	loopBase
 
 	epfd   int
 	wakefd int    // an eventfd, written to have the loop run its tasks
@@ -44,31 +37,16 @@ type Loop struct {
 	byFd   []*Conn // the loop's connections, by descriptor
 	iov    []unix.Iovec
 
-	// count is the connections on the loop or on their way to it, which
-	// Engine.Enroll balances.
-	count atomic.Int32
 	// woken: wakefd was written and the loop has not yet taken the tasks.
 	woken atomic.Bool
-
-	mu       sync.Mutex
-	tasks    []func()
-	spare    []func() // the array the loop ran tasks from last
-	stopping bool     // Execute refuses tasks
-	done     chan struct{}
 }
 
 func newLoop(cfg *Config, h Handler) (*Loop, error) {
 	l := &Loop{
-		h:       h,
-		noDelay: cfg.NoDelay,
-		log:     cfg.Log,
-		buf:     make([]byte, cfg.ReadBuffer),
-		events:  make([]unix.EpollEvent, eventsMin),
-		done:    make(chan struct{}),
+		loopBase: newLoopBase(cfg, h),
+		buf:      make([]byte, cfg.ReadBuffer),
+		events:   make([]unix.EpollEvent, eventsMin),
 	}
-	l.pollEnd, _ = h.(PollEnder)
-	l.readInto, _ = h.(ReadIntoer)
-	l.readEnd, _ = h.(ReadEnder)
 	var err error
 	if l.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
 		return nil, os.NewSyscallError("epoll_create1", err)
@@ -88,21 +66,12 @@ func newLoop(cfg *Config, h Handler) (*Loop, error) {
 	return l, nil
 }
 
-// Execute runs f on the loop's goroutine after the events of the loop's
-// current or next wait, in the order tasks were given. It fails, and f
-// never runs, once the loop stops. A task may call every method of the
-// loop's connections.
-func (l *Loop) Execute(f func()) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.stopping {
-		return ErrStopped
-	}
-	l.tasks = append(l.tasks, f)
+// signal has the loop's wait return to run the tasks, unless wakefd was
+// written since the loop last took them. It runs under mu.
+func (l *Loop) signal() {
 	if l.woken.CompareAndSwap(false, true) {
 		l.wake()
 	}
-	return nil
 }
 
 // wake has the loop's wait return. It runs under mu, which keeps wakefd
@@ -135,19 +104,8 @@ func (l *Loop) stop() {
 	}
 }
 
-// Enroll moves nc onto the loop and returns once the handler's OnOpen
-// has run there; ctx is the connection's Context. The loop takes a
-// duplicate of nc's socket and nc is closed, whatever the outcome. It
-// must not be called on a loop's goroutine.
-func (l *Loop) Enroll(nc net.Conn, ctx any) (*Conn, error) {
-	l.count.Add(1)
-	c, err := l.enroll(nc, ctx)
-	if err != nil {
-		l.count.Add(-1)
-	}
-	return c, err
-}
-
+// enroll takes nc's socket and opens it on the loop; nc is closed whatever
+// the outcome.
 func (l *Loop) enroll(nc net.Conn, ctx any) (*Conn, error) {
 	remote := nc.RemoteAddr()
 	fd, err := takeSocket(nc)
@@ -161,22 +119,8 @@ func (l *Loop) enroll(nc net.Conn, ctx any) (*Conn, error) {
 		}
 	}
 	c := &Conn{loop: l, fd: fd, ctx: ctx, remote: remote}
-	opened := make(chan error, 1)
-	if err := l.Execute(func() { opened <- l.open(c) }); err != nil {
-		unix.Close(fd)
-		return nil, err
-	}
-	select {
-	case err = <-opened:
-	case <-l.done:
-		select {
-		case err = <-opened:
-		default:
-			unix.Close(fd) // the loop stopped without running the task
-			return nil, ErrStopped
-		}
-	}
-	if err != nil {
+	if err := l.runAndWait(func() error { return l.open(c) }); err != nil {
+		unix.Close(fd) // open failed, or the loop stopped without running it
 		return nil, err
 	}
 	return c, nil
@@ -211,12 +155,11 @@ func takeSocket(nc net.Conn) (int, error) {
 	return fd, nil
 }
 
-// open puts c in the loop's epoll set and tells the handler.
+// open puts c in the loop's epoll set and tells the handler. When it
+// fails, enroll closes the socket.
 func (l *Loop) open(c *Conn) error {
 	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(c.fd)}
 	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, c.fd, &ev); err != nil {
-		unix.Close(c.fd)
-		c.fd = -1
 		return os.NewSyscallError("epoll_ctl", err)
 	}
 	if c.fd >= len(l.byFd) {
@@ -257,8 +200,13 @@ func (l *Loop) run() {
 			}
 			// Otherwise its connection closed since the wait returned.
 		}
-		if tasks && l.runTasks() {
-			break
+		if tasks {
+			// Cleared first: the tasks' own tasks write wakefd again, and
+			// run after the next wait.
+			l.woken.Store(false)
+			if _, stop := l.runTasks(); stop {
+				break
+			}
 		}
 		if l.pollEnd != nil {
 			l.pollEnd.OnPollEnd(l)
@@ -271,31 +219,10 @@ func (l *Loop) run() {
 	l.shutdown()
 }
 
-// runTasks runs the tasks queued so far and reports whether the loop is
-// to stop. Tasks they queue run after the next wait.
-func (l *Loop) runTasks() bool {
-	l.woken.Store(false)
-	l.mu.Lock()
-	tasks := l.tasks
-	l.tasks = l.spare[:0]
-	stop := l.stopping
-	l.mu.Unlock()
-	for i, f := range tasks {
-		f()
-		tasks[i] = nil
-	}
-	l.spare = tasks[:0]
-	return stop
-}
-
 // shutdown closes the loop's connections and its descriptors. Tasks still
 // queued (a failed wait stopped the loop) are dropped: Enroll sees done.
 func (l *Loop) shutdown() {
-	l.mu.Lock()
-	l.stopping = true
-	clear(l.tasks)
-	l.tasks = nil
-	l.mu.Unlock()
+	l.dropTasks()
 	for _, c := range l.byFd {
 		if c != nil {
 			c.close(nil)

@@ -3,10 +3,8 @@
 package evloop
 
 import (
-	"log/slog"
 	"net"
 	"sync"
-	"sync/atomic"
 	"syscall"
 )
 
@@ -18,68 +16,34 @@ const Poller = "portable"
 // and writes, which their own goroutines hand it. Only Execute and Enroll
 // may be called from other goroutines.
 type Loop struct {
-	h        Handler
-	pollEnd  PollEnder  // h, when it is one
-	readInto ReadIntoer // h, when it is one
-	readEnd  ReadEnder  // h, when it is one
-	noDelay  bool
-	log      *slog.Logger
-	bufs     sync.Pool // read buffers of ReadBuffer bytes (*[]byte)
+	loopBase
+	bufs sync.Pool // read buffers of ReadBuffer bytes (*[]byte)
 
 	conns map[*Conn]struct{}
-
-	// count is the connections on the loop or on their way to it, which
-	// Engine.Enroll balances.
-	count atomic.Int32
-
-	mu       sync.Mutex
-	queue    []func() // tasks and outcomes, in the order they came
-	spare    []func() // the array the loop ran from last
-	stopping bool     // Execute refuses tasks
-	wake     chan struct{}
-	done     chan struct{}
+	wake  chan struct{}
 }
 
 func newLoop(cfg *Config, h Handler) (*Loop, error) {
 	l := &Loop{
-		h:       h,
-		noDelay: cfg.NoDelay,
-		log:     cfg.Log,
-		conns:   make(map[*Conn]struct{}),
-		wake:    make(chan struct{}, 1),
-		done:    make(chan struct{}),
+		loopBase: newLoopBase(cfg, h),
+		conns:    make(map[*Conn]struct{}),
+		wake:     make(chan struct{}, 1),
 	}
 	size := cfg.ReadBuffer
 	l.bufs.New = func() any { b := make([]byte, size); return &b }
-	l.pollEnd, _ = h.(PollEnder)
-	l.readInto, _ = h.(ReadIntoer)
-	l.readEnd, _ = h.(ReadEnder)
 	return l, nil
-}
-
-// Execute runs f on the loop's goroutine after what the loop is running
-// now, in the order tasks were given. It fails, and f never runs, once
-// the loop stops. A task may call every method of the loop's connections.
-func (l *Loop) Execute(f func()) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.stopping {
-		return ErrStopped
-	}
-	l.queue = append(l.queue, f)
-	l.signal()
-	return nil
 }
 
 // post queues the outcome of a connection's read or write. Once the loop
 // stops it is dropped with the queue.
 func (l *Loop) post(f func()) {
 	l.mu.Lock()
-	l.queue = append(l.queue, f)
+	l.tasks = append(l.tasks, f)
 	l.signal()
 	l.mu.Unlock()
 }
 
+// signal has the loop take what is queued. It runs under mu.
 func (l *Loop) signal() {
 	select {
 	case l.wake <- struct{}{}:
@@ -95,20 +59,14 @@ func (l *Loop) stop() {
 	l.signal()
 }
 
-// Enroll moves nc onto the loop and returns once the handler's OnOpen
-// has run there; ctx is the connection's Context. nc is closed if it
-// fails. It must not be called on a loop's goroutine.
-func (l *Loop) Enroll(nc net.Conn, ctx any) (*Conn, error) {
-	l.count.Add(1)
-	c, err := l.enroll(nc, ctx)
-	if err != nil {
-		l.count.Add(-1)
-		nc.Close()
-	}
-	return c, err
-}
-
-func (l *Loop) enroll(nc net.Conn, ctx any) (*Conn, error) {
+// enroll makes nc a Conn and opens it on the loop; nc is closed if it
+// fails.
+func (l *Loop) enroll(nc net.Conn, ctx any) (_ *Conn, err error) {
+	defer func() {
+		if err != nil {
+			nc.Close()
+		}
+	}()
 	if tc, ok := nc.(*net.TCPConn); ok {
 		if err := tc.SetNoDelay(l.noDelay); err != nil {
 			return nil, err
@@ -122,21 +80,10 @@ func (l *Loop) enroll(nc net.Conn, ctx any) (*Conn, error) {
 		}
 		c.rc = rc
 	}
-	opened := make(chan struct{})
-	if err := l.Execute(func() { l.open(c); close(opened) }); err != nil {
+	if err := l.runAndWait(func() error { l.open(c); return nil }); err != nil {
 		return nil, err
 	}
-	select {
-	case <-opened:
-		return c, nil
-	case <-l.done:
-		select {
-		case <-opened:
-			return c, nil
-		default:
-			return nil, ErrStopped // the loop stopped without running the task
-		}
-	}
+	return c, nil
 }
 
 // open starts c's reader and writer and tells the handler.
@@ -159,32 +106,18 @@ func (l *Loop) open(c *Conn) {
 func (l *Loop) run() {
 	defer close(l.done)
 	for range l.wake {
-		l.mu.Lock()
-		stop := l.stopping
-		if len(l.queue) == 0 && !stop {
-			l.mu.Unlock()
-			continue // a signal that came after its round was taken
-		}
-		round := l.queue
-		l.queue = l.spare[:0]
-		l.mu.Unlock()
-		for i, f := range round {
-			f()
-			round[i] = nil
-		}
-		l.spare = round[:0]
+		n, stop := l.runTasks()
 		if stop {
 			break
+		}
+		if n == 0 {
+			continue // a signal that came after its round was taken
 		}
 		if l.pollEnd != nil {
 			l.pollEnd.OnPollEnd(l)
 		}
 	}
-	l.mu.Lock()
-	l.stopping = true
-	clear(l.queue)
-	l.queue = nil
-	l.mu.Unlock()
+	l.dropTasks()
 	for c := range l.conns {
 		c.close(nil)
 	}
