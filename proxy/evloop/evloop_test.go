@@ -293,14 +293,16 @@ func TestOnPollEndRunsOnceAfterEachWaitAndWritesWhatTheEventsQueued(t *testing.T
 		}
 	}
 	// A task given once the last one ran is the only thing its wait
-	// handles, and OnPollEnd follows it before the loop waits again.
+	// handles, and OnPollEnd follows it before the loop waits again. The
+	// portable poller may also end a round for the outcome of a write of
+	// the last echo, which comes when it comes: there, at least 20.
 	before := p.ends.Load()
 	for range 20 {
 		on(t, l, func() { p.handled++ })
 	}
 	on(t, l, func() {
 		p.handled++
-		if n := p.ends.Load() - before; n != 20 {
+		if n := p.ends.Load() - before; n < 20 || n > 20 && Poller == "epoll" {
 			t.Errorf("20 tasks, each in a wait of its own, were followed by %d OnPollEnd calls", n)
 		}
 	})
