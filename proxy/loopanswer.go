@@ -183,13 +183,13 @@ func (o *loopOwner) stored() []byte { return o.block[len(o.block)-o.size-2 : len
 // When two of them name one key and memcached found it only the second
 // time (stored in between), the first takes the hit and the second has a
 // miss: either order is one the two concurrent requests could have run in.
-func (ls *loopState) answerJoined(group []*loopReq, sh *loopShare, reply []byte, vals []valueAt) {
+func (ls *loopState) answerJoined(group []*loopReq, sh *loopShare, reply []byte, vals []upstream.ValueAt) {
 	start := 0
 	for _, r := range group {
 		n := r.slot.match(r, reply, vals)
 		end := start
 		if n > 0 {
-			end = vals[n-1].end()
+			end = vals[n-1].End()
 		}
 		r.share, r.buf = sh, reply[start:end:end]
 		start, vals = end, vals[n:]
@@ -373,11 +373,11 @@ func (s *loopSlot) countWrite() {
 // retrieval's (an error line) has none, and leaves every key a miss. It
 // returns how many of vals are r's: in a reply to a joined line, the
 // blocks of the requests after r follow.
-func (s *loopSlot) match(r *loopReq, reply []byte, vals []valueAt) int {
+func (s *loopSlot) match(r *loopReq, reply []byte, vals []upstream.ValueAt) int {
 	k := 0
 	for n := range vals {
 		v := &vals[n]
-		key := v.keyIn(reply)
+		key := v.KeyIn(reply)
 		for k < len(r.asked) && !bytes.Equal(s.upKey(r.asked[k]), key) {
 			k++
 		}
@@ -385,7 +385,7 @@ func (s *loopSlot) match(r *loopReq, reply []byte, vals []valueAt) int {
 			return n
 		}
 		o := &s.owners[r.asked[k]]
-		o.block, o.flags, o.size, o.cas, o.hasCAS = v.block(reply), v.flags, v.size, v.cas, v.hasCAS
+		o.block, o.flags, o.size, o.cas, o.hasCAS = v.Block(reply), v.Flags, v.Size, v.CAS, v.HasCAS
 		k++
 	}
 	return len(vals)
@@ -407,7 +407,7 @@ func (s *loopSlot) matchMeta(r *loopReq) {
 			b = b[j+1:]
 			continue
 		}
-		size, it, err := upstream.ParseMetaValue(line) // replyScan read it: no error
+		size, it, err := upstream.ParseMetaValue(line) // the scan read it: no error
 		if err != nil {
 			o.err = err
 			return

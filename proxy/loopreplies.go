@@ -1,9 +1,6 @@
 package proxy
 
 import (
-	"bytes"
-
-	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -23,7 +20,7 @@ func (u *loopUpstream) replies() {
 	for u.sent > 0 && off < len(data) {
 		r := u.q.front()
 		u.takeChunk(0, 0)
-		n, whole, bad := u.scan.feed(data[off:], r)
+		n, whole, bad := u.scan.Feed(data[off:], r.want())
 		u.adopt()
 		off += n
 		if bad != nil {
@@ -33,7 +30,7 @@ func (u *loopUpstream) replies() {
 		if !whole {
 			break
 		}
-		reply, vals := u.scan.acc, u.scan.vals
+		reply, vals := u.scan.Acc, u.scan.Vals
 		reply, err, bad := u.checkReply(r, reply, vals)
 		if bad != nil {
 			u.outOfStep(bad)
@@ -71,7 +68,7 @@ func (u *loopUpstream) replies() {
 			u.batches--
 		}
 		// The next reply begins where this one ends, in the same chunk.
-		u.scan.next()
+		u.scan.Next()
 		switch {
 		case err != nil:
 			for _, q := range joined {
@@ -100,7 +97,7 @@ func (u *loopUpstream) replies() {
 		}
 	}
 	handle(gc, t, off)
-	if len(u.scan.acc) == 0 {
+	if len(u.scan.Acc) == 0 {
 		u.dropChunk() // no reply is being read: the next read takes one again
 	}
 	if readErr != nil {
@@ -131,14 +128,14 @@ const (
 // to a chunk of at least size bytes, and of twice what it has so far, so
 // that a long reply, of many values, moves a few times, not once a read.
 func (u *loopUpstream) takeChunk(n, size int) {
-	acc := u.scan.acc
+	acc := u.scan.Acc
 	if u.chunk != nil && cap(acc)-len(acc) >= n {
 		return
 	}
 	size = max(size, len(acc)+n, 2*len(acc))
 	if u.chunk == nil {
 		u.chunk = u.ls.chunk(size)
-		u.scan.acc = u.chunk.buf[:0]
+		u.scan.Acc = u.chunk.buf[:0]
 		return
 	}
 	u.moveTo(size)
@@ -147,9 +144,9 @@ func (u *loopUpstream) takeChunk(n, size int) {
 // moveTo moves what is read of the reply being read to a chunk of at
 // least size bytes.
 func (u *loopUpstream) moveTo(size int) {
-	acc := u.scan.acc
+	acc := u.scan.Acc
 	sh := u.ls.chunk(size)
-	u.scan.acc = append(sh.buf[:0], acc...)
+	u.scan.Acc = append(sh.buf[:0], acc...)
 	u.ls.release(u.chunk)
 	u.chunk = sh
 }
@@ -158,7 +155,7 @@ func (u *loopUpstream) moveTo(size int) {
 // past the end of its chunk, or grown for a long value) the connection's
 // chunk.
 func (u *loopUpstream) adopt() {
-	acc, buf := u.scan.acc, u.chunk.buf
+	acc, buf := u.scan.Acc, u.chunk.buf
 	if _, ok := within(acc[:cap(acc)], buf[:cap(buf)]); ok {
 		return // still in the chunk
 	}
@@ -174,97 +171,37 @@ func (u *loopUpstream) dropChunk() {
 		u.ls.release(u.chunk)
 		u.chunk = nil
 	}
-	u.scan = replyScan{vals: u.scan.spare()}
+	u.scan = upstream.ReplyScan{Vals: u.scan.Spare()}
 }
 
 // room returns where the connection's next read goes: the rest of its
 // chunk, at least loopChunkRoom bytes, and for a long value, as much of
-// it as one read straight into place takes (replyScan.direct), with
+// it as one read straight into place takes (direct), with
 // loopChunkRoom after it, so that the bytes after the value do not move
 // it. A reply moved for a long value moves to a chunk with room for all
 // of the value, up to the largest chunk the loop keeps: memory follows
 // what arrives, not what a reply says will.
 func (u *loopUpstream) room() []byte {
 	want, size := loopChunkRoom, 0
-	if len(u.scan.acc) == 0 && u.sent > 0 {
+	if len(u.scan.Acc) == 0 && u.sent > 0 {
 		// A reply begins: room for as long a one as they have been, so
 		// that a long one is read whole where it begins, not moved; no
 		// more than a chunk the loop keeps, so that a short reply after
 		// long ones does not take an array of their size for itself.
 		want = max(want, min(u.replyMean+u.replyMean/4, loopChunkKeepMax))
 	}
-	n := u.scan.direct()
+	n := direct(&u.scan)
 	if n > 0 {
 		want = n + loopChunkRoom
-		size = len(u.scan.acc) + min(u.scan.need, loopChunkKeepMax) + loopChunkRoom
+		size = len(u.scan.Acc) + min(u.scan.Need, loopChunkKeepMax) + loopChunkRoom
 	}
 	u.takeChunk(want, size)
-	acc := u.scan.acc
+	acc := u.scan.Acc
 	if n == 0 {
 		return acc[len(acc):cap(acc)]
 	}
 	u.ls.l.p.stats.UpstreamReadsInPlace.Add(1)
 	return acc[len(acc) : len(acc)+n]
-}
-
-// replyScan reads one upstream reply at a time into acc: a retrieval's
-// VALUE blocks up to END, the replies to a request's mg lines, or one
-// line.
-type replyScan struct {
-	acc  []byte
-	line int // where the line being read starts in acc
-	need int // bytes of a value still to come, with their CRLF
-	mg   int // replies to mg lines read whole
-	// vals are the VALUE lines of a retrieval's reply read so far. The
-	// array serves the next reply (see spare): what the last one held
-	// stays valid until the next feed.
-	vals []valueAt
-}
-
-// valueAt is one VALUE line of a reply as the scan read it: where it
-// begins in the reply, how long it and its key are, and what else it
-// says, so that matching the reply to its keys does not parse it again.
-// It holds offsets, not slices: the reply may move to a larger chunk as
-// it grows.
-type valueAt struct {
-	at, line, key int
-	flags         uint32
-	size          int
-	cas           uint64
-	hasCAS        bool
-}
-
-// keyIn returns the line's key in reply.
-func (v *valueAt) keyIn(reply []byte) []byte {
-	return reply[v.at+len(wire.LineValue) : v.at+len(wire.LineValue)+v.key]
-}
-
-// end returns where the line's VALUE block (the line, the value and its
-// CRLF) ends in the reply.
-func (v *valueAt) end() int { return v.at + v.line + v.size + 2 }
-
-// block returns the line's VALUE block in reply.
-func (v *valueAt) block(reply []byte) []byte {
-	end := v.end()
-	return reply[v.at:end:end]
-}
-
-// next starts the next reply where the one read ends.
-func (r *replyScan) next() {
-	*r = replyScan{acc: r.acc[len(r.acc):], vals: r.spare()}
-}
-
-// loopValsKeep is the most VALUE lines whose array a scan keeps for the
-// next reply.
-const loopValsKeep = 1024
-
-// spare returns vals emptied, for the next reply, unless it grew past
-// loopValsKeep.
-func (r *replyScan) spare() []valueAt {
-	if cap(r.vals) > loopValsKeep {
-		return nil
-	}
-	return r.vals[:0]
 }
 
 // loopDirectMin is the least of a value still to come that the loop reads
@@ -279,106 +216,9 @@ const (
 
 // direct returns how many bytes of a long value the next read takes
 // straight into place, or 0 while no long value is being read.
-func (r *replyScan) direct() int {
-	if r.need < loopDirectMin {
+func direct(r *upstream.ReplyScan) int {
+	if r.Need < loopDirectMin {
 		return 0
 	}
-	return min(r.need, loopDirectMax)
-}
-
-// inPlace reports whether data begins where acc ends: read there by room.
-func (r *replyScan) inPlace(data []byte) bool {
-	n := len(r.acc)
-	return len(data) > 0 && cap(r.acc) > n && &r.acc[:n+1][n] == &data[0]
-}
-
-// feed takes bytes of req's reply from data. It returns how many it took,
-// whether the reply is whole, and, when it breaks the protocol, why.
-func (r *replyScan) feed(data []byte, req *loopReq) (took int, whole bool, bad *upstream.OutOfStepError) {
-	retrieval := !req.store
-	for took < len(data) {
-		if r.need > 0 {
-			n := min(r.need, len(data)-took)
-			if r.inPlace(data[took:]) {
-				r.acc = r.acc[:len(r.acc)+n] // read into place (room)
-			} else {
-				r.acc = append(r.acc, data[took:took+n]...)
-			}
-			took += n
-			if r.need -= n; r.need > 0 {
-				return took, false, nil
-			}
-			if !bytes.HasSuffix(r.acc, wire.CRLF) {
-				return took, false, upstream.OutOfStep(upstream.ReasonMalformed, r.acc[len(r.acc)-2:])
-			}
-			r.line = len(r.acc)
-			if req.store {
-				return took, true, nil // an incr's number
-			}
-			if req.meta {
-				if r.mg++; r.mg == len(req.asked) {
-					return took, true, nil
-				}
-			}
-			continue
-		}
-		i := bytes.IndexByte(data[took:], '\n')
-		if i < 0 {
-			r.acc = append(r.acc, data[took:]...)
-			if len(r.acc)-r.line > wire.LineLimit {
-				return len(data), false, upstream.OutOfStep(upstream.ReasonMalformed, r.acc[r.line:])
-			}
-			return len(data), false, nil
-		}
-		r.acc = append(r.acc, data[took:took+i+1]...)
-		took += i + 1
-		line := r.acc[r.line:]
-		if len(line) > wire.LineLimit {
-			return took, false, upstream.OutOfStep(upstream.ReasonMalformed, line) // no reply line is this long
-		}
-		if req.meta {
-			if bytes.HasPrefix(line, wire.LineMetaValue) {
-				size, _, err := upstream.ParseMetaValue(line)
-				if err != nil {
-					return took, false, upstream.OutOfStep(upstream.ReasonMalformed, line)
-				}
-				r.need = size + 2
-				continue
-			}
-			// EN, or an error line for one key.
-			if !wire.ReplyMetaGet.Fits(line) {
-				return took, false, outOfStepAt(line)
-			}
-			r.line = len(r.acc)
-			if r.mg++; r.mg == len(req.asked) {
-				return took, true, nil
-			}
-			continue
-		}
-		switch {
-		case req.expect == wire.ReplyMetaArith:
-			if n, ok := wire.ArithLine(line); ok {
-				r.need = n // the number follows
-				continue
-			}
-		case req.expect == wire.ReplyMetaGet && bytes.HasPrefix(line, wire.LineMetaValue):
-			// An mg's hit: its value follows.
-			n, ok := wire.MetaValueBlock(line, upstream.MaxValueLen)
-			if !ok {
-				return took, false, upstream.OutOfStep(upstream.ReasonMalformed, line)
-			}
-			r.need = n
-			continue
-		}
-		if !retrieval || !bytes.HasPrefix(line, wire.LineValue) {
-			return took, true, nil
-		}
-		v, ok := wire.ParseValue(line)
-		if !ok || v.Size > upstream.MaxValueLen {
-			return took, false, upstream.OutOfStep(upstream.ReasonMalformed, line)
-		}
-		r.vals = append(r.vals, valueAt{at: r.line, line: len(line), key: len(v.Key), flags: v.Flags, size: v.Size, cas: v.CAS, hasCAS: v.HasCAS})
-		r.need = v.Size + 2
-	}
-	return took, false, nil
+	return min(r.Need, loopDirectMax)
 }

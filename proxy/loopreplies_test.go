@@ -19,11 +19,11 @@ import (
 	"mcsidecar/proxy/upstream"
 )
 
-// FuzzLoopReplyScan feeds upstream replies to the event loop's scanner in
-// pieces cut at arbitrary places: it must find the same end of the first
-// reply, with the same bytes, and call it broken in the same cases, as
-// when the reply arrives at once; and the VALUE headers it accepts must
-// parse the same way as memcached writes them.
+// FuzzLoopReplyScan feeds upstream replies to the loop's scanner
+// (upstream.ReplyScan) in pieces cut at arbitrary places: it must find the
+// same end of the first reply, with the same bytes, and call it broken in
+// the same cases, as when the reply arrives at once; and the VALUE headers
+// it accepts must parse the same way as memcached writes them.
 func FuzzLoopReplyScan(f *testing.F) {
 	for _, seed := range []string{
 		"END\r\n",
@@ -46,15 +46,15 @@ func FuzzLoopReplyScan(f *testing.F) {
 	// mg lines.
 	f.Fuzz(func(t *testing.T, data []byte, kind, keys, step uint8) {
 		req := &loopReq{store: kind%3 == 0, meta: kind%3 == 2, asked: make([]int, int(keys%8)+1)}
-		var whole replyScan
-		n1, done1, badAt := whole.feed(data, req)
+		var whole upstream.ReplyScan
+		n1, done1, badAt := whole.Feed(data, req.want())
 		bad1 := badAt != nil
-		var parts replyScan
+		var parts upstream.ReplyScan
 		n2, done2, bad2 := 0, false, false
 		size := int(step%16) + 1
 		for n2 < len(data) && !done2 && !bad2 {
 			end := min(n2+size, len(data))
-			took, done, badAt := parts.feed(data[n2:end], req)
+			took, done, badAt := parts.Feed(data[n2:end], req.want())
 			done2, bad2 = done, badAt != nil
 			n2 += took
 			if took < end-(n2-took) && !done2 && !bad2 {
@@ -64,26 +64,26 @@ func FuzzLoopReplyScan(f *testing.F) {
 		if bad1 != bad2 || !bad1 && (done1 != done2 || done1 && n1 != n2) {
 			t.Fatalf("at once: took %d, whole %v, bad %v; in %d-byte pieces: took %d, whole %v, bad %v", n1, done1, bad1, size, n2, done2, bad2)
 		}
-		if done1 && !bytes.Equal(whole.acc, parts.acc) {
-			t.Fatalf("the reply read at once %q differs from the one read in pieces %q", whole.acc, parts.acc)
+		if done1 && !bytes.Equal(whole.Acc, parts.Acc) {
+			t.Fatalf("the reply read at once %q differs from the one read in pieces %q", whole.Acc, parts.Acc)
 		}
-		if done1 && !bytes.Equal(whole.acc, data[:n1]) {
-			t.Fatalf("the reply %q is not the first %d bytes", whole.acc, n1)
+		if done1 && !bytes.Equal(whole.Acc, data[:n1]) {
+			t.Fatalf("the reply %q is not the first %d bytes", whole.Acc, n1)
 		}
-		if done1 && !slices.Equal(whole.vals, parts.vals) {
-			t.Fatalf("VALUE lines read at once %+v differ from those read in pieces %+v", whole.vals, parts.vals)
+		if done1 && !slices.Equal(whole.Vals, parts.Vals) {
+			t.Fatalf("VALUE lines read at once %+v differ from those read in pieces %+v", whole.Vals, parts.Vals)
 		}
 		if done1 {
 			// The VALUE blocks the scan noted follow one another from the
 			// reply's start, each as its line says.
 			at := 0
-			for _, v := range whole.vals {
-				line := whole.acc[v.at : v.at+v.line]
+			for _, v := range whole.Vals {
+				line := whole.Acc[v.At : v.At+v.Line]
 				w, ok := wire.ParseValue(line)
-				if v.at != at || !ok || !bytes.Equal(w.Key, v.keyIn(whole.acc)) || w.Flags != v.flags || w.Size != v.size || w.CAS != v.cas || w.HasCAS != v.hasCAS {
-					t.Fatalf("VALUE line noted as %+v at %d in %q", v, at, whole.acc)
+				if v.At != at || !ok || !bytes.Equal(w.Key, v.KeyIn(whole.Acc)) || w.Flags != v.Flags || w.Size != v.Size || w.CAS != v.CAS || w.HasCAS != v.HasCAS {
+					t.Fatalf("VALUE line noted as %+v at %d in %q", v, at, whole.Acc)
 				}
-				at = v.at + len(v.block(whole.acc))
+				at = v.At + len(v.Block(whole.Acc))
 			}
 		}
 		if i := bytes.IndexByte(data, '\n'); i >= 0 {
@@ -156,10 +156,10 @@ func TestReplyScanReadsLongValuesInPlace(t *testing.T) {
 	// much the chunk had: the value does not move for the END after it.
 	tight := upstreamOnLoop()
 	tight.takeChunk(0, 0)
-	tight.scan.acc = append(tight.scan.acc, make([]byte, loopChunk-loopDirectMin-2)...)
-	tight.scan.need = loopDirectMin
-	if room := tight.room(); len(room) != loopDirectMin || cap(tight.scan.acc)-len(tight.scan.acc)-len(room) < loopChunkRoom {
-		t.Fatalf("room of %d bytes leaves %d after it", len(room), cap(tight.scan.acc)-len(tight.scan.acc)-len(room))
+	tight.scan.Acc = append(tight.scan.Acc, make([]byte, loopChunk-loopDirectMin-2)...)
+	tight.scan.Need = loopDirectMin
+	if room := tight.room(); len(room) != loopDirectMin || cap(tight.scan.Acc)-len(tight.scan.Acc)-len(room) < loopChunkRoom {
+		t.Fatalf("room of %d bytes leaves %d after it", len(room), cap(tight.scan.Acc)-len(tight.scan.Acc)-len(room))
 	}
 	for _, tc := range []struct {
 		name   string
@@ -195,7 +195,7 @@ func TestReplyScanReadsLongValuesInPlace(t *testing.T) {
 			}
 			if data := read([]byte(head), tc.place); len(data) != len(head) {
 				t.Fatalf("room of %d bytes for a header of %d", len(data), len(head))
-			} else if n, whole, bad := r.feed(data, req); n != len(head) || whole || bad != nil {
+			} else if n, whole, bad := r.Feed(data, req.want()); n != len(head) || whole || bad != nil {
 				t.Fatalf("header: took %d, whole %v, bad %v", n, whole, bad)
 			}
 			rest := append(slices.Clone(value), "\r\n"...)
@@ -204,32 +204,32 @@ func TestReplyScanReadsLongValuesInPlace(t *testing.T) {
 				if i < len(tc.pieces) {
 					n = min(n, tc.pieces[i])
 				}
-				direct := r.direct()
-				if r.need >= loopDirectMin && direct != min(r.need, loopDirectMax) || r.need < loopDirectMin && direct != 0 {
-					t.Fatalf("a direct read of %d bytes with %d to come", direct, r.need)
+				inPlace := direct(r)
+				if r.Need >= loopDirectMin && inPlace != min(r.Need, loopDirectMax) || r.Need < loopDirectMin && inPlace != 0 {
+					t.Fatalf("a direct read of %d bytes with %d to come", inPlace, r.Need)
 				}
-				if direct > 0 {
-					n = min(n, direct)
+				if inPlace > 0 {
+					n = min(n, inPlace)
 				}
 				data := read(rest[:n], tc.place)
 				if len(data) != n {
 					t.Fatalf("read %d: room of %d bytes for %d", i, len(data), n)
 				}
-				if got, whole, bad := r.feed(data, req); got != n || whole || bad != nil {
+				if got, whole, bad := r.Feed(data, req.want()); got != n || whole || bad != nil {
 					t.Fatalf("read %d: took %d of %d, whole %v, bad %v", i, got, n, whole, bad)
 				}
 				u.adopt()
 				rest = rest[n:]
 			}
-			array := &r.acc[0]
-			if n, whole, bad := r.feed(read([]byte("END\r\n"), tc.place), req); n != 5 || !whole || bad != nil {
+			array := &r.Acc[0]
+			if n, whole, bad := r.Feed(read([]byte("END\r\n"), tc.place), req.want()); n != 5 || !whole || bad != nil {
 				t.Fatalf("END: took %d, whole %v, bad %v", n, whole, bad)
 			}
-			if tc.place && &r.acc[0] != array {
+			if tc.place && &r.Acc[0] != array {
 				t.Error("the END after a value read into place moved the reply to another array")
 			}
-			if string(r.acc) != whole {
-				t.Fatalf("gathered %d bytes, not the %d of the reply", len(r.acc), len(whole))
+			if string(r.Acc) != whole {
+				t.Fatalf("gathered %d bytes, not the %d of the reply", len(r.Acc), len(whole))
 			}
 		})
 	}

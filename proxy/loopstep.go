@@ -33,34 +33,34 @@ var cmdReplies = [wire.NumCommands]wire.Reply{
 // are answered with when memcached refused the retrieval with an error
 // line of its own, and a non-nil bad when the reply puts the connection
 // out of step.
-func (u *loopUpstream) checkReply(r *loopReq, reply []byte, vals []valueAt) (_ []byte, err error, bad *upstream.OutOfStepError) {
+func (u *loopUpstream) checkReply(r *loopReq, reply []byte, vals []upstream.ValueAt) (_ []byte, err error, bad *upstream.OutOfStepError) {
 	switch {
 	case r.store && r.expect == wire.ReplyMetaArith && r.slot.id == wire.CmdMetaArithmetic:
 		// A client's ma, tagged as an incr is, answered in its meta form.
 		if !r.expect.Fits(reply) || !wire.MetaTagged(reply, r.slot.tag) {
-			return nil, nil, outOfStepAt(reply)
+			return nil, nil, upstream.Unfitting(reply)
 		}
 	case r.store && r.expect == wire.ReplyMetaArith:
 		classic, ok := wire.ArithReply(reply, r.slot.tag)
 		if !ok {
-			return nil, nil, outOfStepAt(reply)
+			return nil, nil, upstream.Unfitting(reply)
 		}
 		return classic, nil, nil
 	case r.store:
 		if !r.expect.Fits(reply) {
-			return nil, nil, outOfStepAt(reply)
+			return nil, nil, upstream.Unfitting(reply)
 		}
 	case r.meta:
-		// replyScan.feed checked each line.
+		// upstream.ReplyScan checked each line.
 	case !bytes.HasSuffix(reply, wire.LineEnd):
 		// A retrieval answered by one line other than END: memcached's
 		// own error, whose keys are misses, or a reply out of step.
 		if !wire.IsError(reply) || wire.OutOfStep(reply) {
-			return nil, nil, outOfStepAt(reply)
+			return nil, nil, upstream.Unfitting(reply)
 		}
 		return reply, fmt.Errorf("get: memcached replied: %q", reply), nil
 	case !valuesFit(u.q.all()[:1+r.joined], reply, vals):
-		return nil, nil, upstream.OutOfStep(upstream.ReasonUnaskedKey, reply[vals[0].at:])
+		return nil, nil, upstream.OutOfStep(upstream.ReasonUnaskedKey, reply[vals[0].At:])
 	}
 	return reply, nil, nil
 }
@@ -69,27 +69,19 @@ func (u *loopUpstream) checkReply(r *loopReq, reply []byte, vals []valueAt) (_ [
 // answer keys that the requests sharing the line, group, asked, in the
 // order they asked them: memcached answers the keys of a line in order
 // and skips misses. It matches as loopSlot.match does.
-func valuesFit(group []*loopReq, reply []byte, vals []valueAt) bool {
+func valuesFit(group []*loopReq, reply []byte, vals []upstream.ValueAt) bool {
 	n := 0
 	for _, r := range group {
 		for _, i := range r.asked {
 			if n == len(vals) {
 				return true
 			}
-			if bytes.Equal(r.slot.upKey(i), vals[n].keyIn(reply)) {
+			if bytes.Equal(r.slot.upKey(i), vals[n].KeyIn(reply)) {
 				n++
 			}
 		}
 	}
 	return n == len(vals)
-}
-
-// outOfStepAt is the error of a reply line that does not fit its request.
-func outOfStepAt(line []byte) *upstream.OutOfStepError {
-	if wire.OutOfStep(line) {
-		return upstream.OutOfStep(upstream.ReasonOutOfMemory, line)
-	}
-	return upstream.OutOfStep(upstream.ReasonUnexpected, line)
 }
 
 // outOfStep closes the connection, found out of step at bad, and fails

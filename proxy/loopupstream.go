@@ -25,9 +25,9 @@ type loopUpstream struct {
 	out      []byte   // requests not written yet
 	q        reqQueue // requests in order; the first sent are written
 	sent     int
-	scan     replyScan
+	scan     upstream.ReplyScan
 	// chunk is what replies are read into while one is being read:
-	// scan.acc is the tail of it, from where that reply begins.
+	// scan.Acc is the tail of it, from where that reply begins.
 	chunk *loopShare
 	tls   *loopTLS // the connection's TLS client, with --upstream-tls-enabled
 	// batchErr is the first error a reply of the oldest batch in flight
@@ -81,6 +81,15 @@ type loopReq struct {
 	key  []byte
 	gen  uint64
 	undo bool
+}
+
+// want is the reply r awaits.
+func (r *loopReq) want() upstream.Want {
+	w := upstream.Want{Store: r.store, Expect: r.expect}
+	if r.meta {
+		w.MetaGets = len(r.asked)
+	}
+	return w
 }
 
 // loopJoinKeys is the most keys of a request that joins a get line or is
