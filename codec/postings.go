@@ -268,31 +268,139 @@ func expandStream(out, stream []byte, layout byte, count int) bool {
 }
 
 // expand32 fills out with uint32 references; the loop is written apart
-// from expand64 because decoding spends its time here.
+// from expand64 because decoding spends its time here. Most gaps of a
+// postings list take one or two bytes, so the stream is read eight bytes
+// at a time: eight one-byte gaps, or four two-byte ones, are written
+// without a branch or a check per gap (a gap of zero is looked for once
+// per word, and as references only grow, the last one is the only one
+// that can pass 32 bits); any other word gives its first gap, of up to
+// five bytes, without a loop over its bytes. The last few references, and
+// a gap written in more bytes than it needs, go through binary.Uvarint,
+// which reads exactly the streams the encoder writes and nothing else.
 func expand32(out, stream []byte) bool {
-	var prev uint64
-	j := 0
-	for i := 0; i < len(out); i += 4 {
-		// Most gaps take one byte: read it without the general loop.
-		var d uint64
-		if j < len(stream) && stream[j] < 0x80 {
-			d = uint64(stream[j])
-			j++
-		} else {
-			var k int
-			if d, k = binary.Uvarint(stream[j:]); k <= 0 {
-				return false
+	if len(out) == 0 {
+		return len(stream) == 0
+	}
+	x, k := binary.Uvarint(stream)
+	if k <= 0 || x > math.MaxUint32 {
+		return false
+	}
+	binary.BigEndian.PutUint32(out, uint32(x))
+	out, stream = out[4:], stream[k:]
+	// bad gets a bit at 32 or above from a gap of zero or over 32 bits.
+	var bad uint64
+	for len(out) >= 32 && len(stream) >= 8 {
+		w := binary.LittleEndian.Uint64(stream)
+		switch w & highBits {
+		case 0:
+			bad |= zeroByte(w)
+			x = put8x1((*[32]byte)(out), x, w)
+			out, stream = out[32:], stream[8:]
+		case twoByteGaps:
+			// Four lanes of 16 bits: the low 7 bits of each gap
+			// from its first byte, the high 7 from its second.
+			v := w&0x007f007f007f007f | w>>1&0x3f803f803f803f80
+			bad |= zeroLane16(v)
+			x = put4x2((*[16]byte)(out), x, v)
+			out, stream = out[16:], stream[8:]
+		default:
+			n := bits.TrailingZeros64(^w&highBits)/8 + 1
+			if n > 5 {
+				// Six bytes or more (a gap spelled with needless
+				// zero bytes): only the general reader knows.
+				d, k := binary.Uvarint(stream)
+				if k <= 0 {
+					return false
+				}
+				n, w = k, d
+			} else {
+				w = squeeze7(w & (1<<(8*n) - 1))
 			}
-			j += k
+			bad |= w - 1
+			x += w
+			binary.BigEndian.PutUint32(out, uint32(x))
+			out, stream = out[4:], stream[n:]
 		}
-		x := prev + d
-		if (d == 0 && i > 0) || d > math.MaxUint32 || x > math.MaxUint32 {
+	}
+	for ; len(out) >= 4; out = out[4:] {
+		d, k := binary.Uvarint(stream)
+		if k <= 0 {
 			return false
 		}
-		binary.BigEndian.PutUint32(out[i:], uint32(x))
-		prev = x
+		stream = stream[k:]
+		bad |= d - 1
+		x += d
+		binary.BigEndian.PutUint32(out, uint32(x))
 	}
-	return j == len(stream)
+	// A gap over 32 bits set bad, so x cannot have wrapped.
+	return bad>>32 == 0 && x <= math.MaxUint32 && len(stream) == 0
+}
+
+const (
+	// highBits are the continuation bits of eight bytes of uvarints.
+	highBits = 0x8080808080808080
+	// twoByteGaps are those of four two-byte uvarints.
+	twoByteGaps = 0x0080008000800080
+)
+
+// zeroByte returns a value with a bit at 32 or above set when one of the
+// eight bytes of w, none over 0x7f, is zero: setting bit 7 of each byte
+// and subtracting one from each leaves bit 7 clear only in those that were
+// zero (no byte borrows from the next); those bits, of whichever half, are
+// then copied into the upper half.
+func zeroByte(w uint64) uint64 {
+	z := ((w|highBits)-0x0101010101010101)&highBits ^ highBits
+	return z | z<<32
+}
+
+// zeroLane16 is zeroByte for four 16-bit lanes, none over 0x7fff.
+func zeroLane16(v uint64) uint64 {
+	const top = 0x8000800080008000
+	z := ((v|top)-0x0001000100010001)&top ^ top
+	return z | z<<32
+}
+
+// put8x1 writes the eight references after x whose gaps are the eight
+// bytes of w, from its least significant, and returns the last.
+func put8x1(out *[32]byte, x, w uint64) uint64 {
+	x += w & 0xff
+	binary.BigEndian.PutUint32(out[0:], uint32(x))
+	x += w >> 8 & 0xff
+	binary.BigEndian.PutUint32(out[4:], uint32(x))
+	x += w >> 16 & 0xff
+	binary.BigEndian.PutUint32(out[8:], uint32(x))
+	x += w >> 24 & 0xff
+	binary.BigEndian.PutUint32(out[12:], uint32(x))
+	x += w >> 32 & 0xff
+	binary.BigEndian.PutUint32(out[16:], uint32(x))
+	x += w >> 40 & 0xff
+	binary.BigEndian.PutUint32(out[20:], uint32(x))
+	x += w >> 48 & 0xff
+	binary.BigEndian.PutUint32(out[24:], uint32(x))
+	x += w >> 56
+	binary.BigEndian.PutUint32(out[28:], uint32(x))
+	return x
+}
+
+// put4x2 writes the four references after x whose gaps are the four
+// 16-bit lanes of v, and returns the last.
+func put4x2(out *[16]byte, x, v uint64) uint64 {
+	x += v & 0xffff
+	binary.BigEndian.PutUint32(out[0:], uint32(x))
+	x += v >> 16 & 0xffff
+	binary.BigEndian.PutUint32(out[4:], uint32(x))
+	x += v >> 32 & 0xffff
+	binary.BigEndian.PutUint32(out[8:], uint32(x))
+	x += v >> 48
+	binary.BigEndian.PutUint32(out[12:], uint32(x))
+	return x
+}
+
+// squeeze7 returns the value of a uvarint of at most five bytes, given as
+// the bytes of w from its least significant (those past it zero): the low
+// seven bits of each byte, put together.
+func squeeze7(w uint64) uint64 {
+	return w&0x7f | w>>1&(0x7f<<7) | w>>2&(0x7f<<14) | w>>3&(0x7f<<21) | w>>4&(0x7f<<28)
 }
 
 // expand64 fills out with uint64 references.

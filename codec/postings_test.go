@@ -453,3 +453,113 @@ func TestPostingsWithCompressedMagicLeftAlone(t *testing.T) {
 		t.Fatalf("stored with codec %d, want as is", codecOf(got))
 	}
 }
+
+// specStream reads a codec-2 stream of count references the way the
+// package doc states it, one uvarint at a time, with none of the
+// decoder's shortcuts: what it accepts and what it gives must be what
+// expand32 and expand64 accept and give.
+func specStream(stream []byte, count int, top uint64) ([]uint64, bool) {
+	var refs []uint64
+	var x uint64
+	for i := range count {
+		d, k := binary.Uvarint(stream)
+		if k <= 0 || (i > 0 && d == 0) || d > top-x {
+			return nil, false
+		}
+		stream = stream[k:]
+		x += d
+		refs = append(refs, x)
+	}
+	return refs, len(stream) == 0
+}
+
+// TestExpandStreamShortcuts checks the word-at-a-time paths of expand32 at
+// their edges: eight one-byte gaps with a zero among them, four two-byte
+// gaps with a zero (a needless second byte), a gap spelled in more bytes
+// than it needs, and references that pass 32 bits inside a word.
+func TestExpandStreamShortcuts(t *testing.T) {
+	ones := func(n int, b byte) []byte { return bytes.Repeat([]byte{b}, n) }
+	cases := []struct {
+		name   string
+		stream []byte
+		count  int
+	}{
+		{"one-byte gaps", append([]byte{5}, ones(40, 3)...), 41},
+		{"a zero gap among one-byte gaps", append(append([]byte{5}, ones(20, 3)...), append([]byte{0}, ones(19, 3)...)...), 41},
+		{"a zero gap first in a word", append(append([]byte{5}, ones(8, 3)...), append([]byte{0}, ones(31, 3)...)...), 41},
+		{"a zero gap last in a word", append(append([]byte{5}, ones(7, 3)...), append([]byte{0}, ones(32, 3)...)...), 41},
+		{"two-byte gaps", append([]byte{5}, bytes.Repeat([]byte{0x81, 0x01}, 20)...), 21},
+		{"a zero two-byte gap", append(append([]byte{5}, bytes.Repeat([]byte{0x81, 0x01}, 10)...), append([]byte{0x80, 0x00}, bytes.Repeat([]byte{0x81, 0x01}, 9)...)...), 21},
+		{"a zero two-byte gap first in a word", append(append([]byte{5}, bytes.Repeat([]byte{0x81, 0x01}, 8)...), append([]byte{0x80, 0x00}, bytes.Repeat([]byte{0x81, 0x01}, 11)...)...), 21},
+		{"a needlessly long gap", append(append([]byte{5}, ones(10, 1)...), append([]byte{0x81, 0x80, 0x80, 0x80, 0x80, 0x80, 0x00}, ones(20, 1)...)...), 32},
+		{"a five-byte gap", append(append([]byte{5}, ones(10, 1)...), append([]byte{0xff, 0xff, 0xff, 0xff, 0x0f}, ones(20, 1)...)...), 32},
+		{"a gap of 2^32", append(append([]byte{0}, ones(10, 1)...), append([]byte{0x80, 0x80, 0x80, 0x80, 0x10}, ones(20, 1)...)...), 32},
+		{"past 32 bits in a word", append([]byte{0xf0, 0xff, 0xff, 0xff, 0x0f}, ones(40, 1)...), 41},
+		{"just below 32 bits", append([]byte{0xd7, 0xff, 0xff, 0xff, 0x0f}, ones(40, 1)...), 41},
+		{"a byte left over", append([]byte{5}, ones(41, 3)...), 41},
+		{"a byte short", append([]byte{5}, ones(39, 3)...), 41},
+	}
+	for _, tc := range cases {
+		want, wantOK := specStream(tc.stream, tc.count, math.MaxUint32)
+		out := make([]byte, 4*tc.count)
+		ok := expand32(out, tc.stream)
+		if ok != wantOK {
+			t.Errorf("%s: expand32 %v, spec %v", tc.name, ok, wantOK)
+			continue
+		}
+		if ok {
+			got := make([]uint64, tc.count)
+			for i := range got {
+				got[i] = uint64(binary.BigEndian.Uint32(out[4*i:]))
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("%s: expand32 %v, spec %v", tc.name, got, want)
+			}
+		}
+	}
+}
+
+// FuzzExpandStream feeds expand32 and expand64 arbitrary streams: they
+// must accept exactly what the spec accepts and give the same references.
+func FuzzExpandStream(f *testing.F) {
+	for i, v := range [][]byte{postingsRuns(400, 1), sparseList(400, 2), consecutive(100), u64Postings(20, 3)} {
+		pl, _ := detectPostings(v)
+		stream := make([]byte, pl.streamLen)
+		putStream(stream, v, pl.layout)
+		f.Add(stream, uint16(len(v)/4-i%2))
+	}
+	f.Fuzz(func(t *testing.T, stream []byte, count uint16) {
+		n := int(count % 2048)
+		for _, width := range []int{4, 8} {
+			top := uint64(math.MaxUint32)
+			if width == 8 {
+				top = math.MaxUint64
+			}
+			want, wantOK := specStream(stream, n, top)
+			out := make([]byte, width*n)
+			var ok bool
+			if width == 4 {
+				ok = expand32(out, stream)
+			} else {
+				ok = expand64(out, stream)
+			}
+			if ok != wantOK {
+				t.Fatalf("width %d, %d references: decoder %v, spec %v", width, n, ok, wantOK)
+			}
+			if !ok {
+				continue
+			}
+			for i, r := range want {
+				var got uint64
+				if width == 4 {
+					got = uint64(binary.BigEndian.Uint32(out[4*i:]))
+				} else {
+					got = binary.BigEndian.Uint64(out[8*i:])
+				}
+				if got != r {
+					t.Fatalf("width %d, reference %d: decoder %d, spec %d", width, i, got, r)
+				}
+			}
+		}
+	})
+}
