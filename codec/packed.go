@@ -314,30 +314,15 @@ func expandPacked(out, stream []byte) bool {
 		}
 		j += size
 		if e > 0 {
-			// Exceptions: positions strictly ascending within the
-			// block, then high bits that are not zero and fit above w.
-			pos := stream[j : j+e]
-			j += e
-			last := -1
-			for _, p := range pos {
-				// exception, inlined: most blocks have a few.
-				var h uint64
-				var k int
-				if len(stream)-j >= 8 {
-					b := binary.LittleEndian.Uint64(stream[j:])
-					k = bits.TrailingZeros64(^b&0x8080808080808080)/8 + 1
-					b &= 1<<(8*(k&7)) - 1
-					h = b&0x7f | b>>1&(0x7f<<7) | b>>2&(0x7f<<14) | b>>3&(0x7f<<21) | b>>4&(0x7f<<28)
-				} else {
-					h, k = exception(stream[j:])
-				}
-				if k <= 0 || k > 5 || int(p) <= last || int(p) >= n || h == 0 || h>>(32-w) != 0 {
-					return false
-				}
-				j += k
-				vals[p&(blockLen-1)] |= uint32(h) << w
-				last = int(p)
+			// A full order-2 block of width 0 is a run of equal gaps
+			// changed only at the exceptions, as runs of equal-sized
+			// series give: patch stores the exceptions zigzag-decoded
+			// for expandDeltas, and no other value needs decoding.
+			k := patch(&vals, stream[j:], e, n, w, w == 0 && n == blockLen && hdr&blockOrder2 != 0)
+			if k == 0 {
+				return false
 			}
+			j += k
 		}
 		var ok bool
 		switch {
@@ -351,6 +336,9 @@ func expandPacked(out, stream []byte) bool {
 			x, ok = expandConstant((*[4 * blockLen]byte)(out), x, gap)
 		case hdr&blockOrder2 == 0:
 			x, gap, ok = expandOrder1((*[4 * blockLen]byte)(out), &vals, x)
+		case w == 0:
+			// Decoded by patch.
+			x, gap, ok = expandDeltas((*[4 * blockLen]byte)(out), &vals, x, gap)
 		default:
 			x, gap, ok = expandOrder2((*[4 * blockLen]byte)(out), &vals, x, gap)
 		}
@@ -360,6 +348,53 @@ func expandPacked(out, stream []byte) bool {
 		out = out[4*n:]
 	}
 	return j == len(stream)
+}
+
+// patch reads the e exceptions of a block of n values of w bits from the
+// start of b: their positions, strictly ascending and below n, then the
+// bits above w of each, not zero and below 2^(32-w), which it ors into
+// vals. For an order-2 block of width 0 (zz), whose other values are zero,
+// it stores each value zigzag-decoded instead, as expandDeltas takes them.
+// It returns how many bytes it read, or 0 when they are no exceptions a
+// block can hold. Most exceptions take one byte: those are read without
+// the general path.
+func patch(vals *[blockLen]uint32, b []byte, e, n, w int, zz bool) int {
+	if len(b) < e {
+		return 0
+	}
+	pos := b[:e]
+	last := -1
+	for _, p := range pos {
+		if int(p) <= last {
+			return 0
+		}
+		last = int(p)
+	}
+	if last >= n {
+		return 0
+	}
+	k := e
+	for _, p := range pos {
+		var h uint64
+		var m int
+		if k < len(b) && b[k] < 0x80 {
+			h, m = uint64(b[k]), 1
+		} else {
+			h, m = exception(b[k:])
+		}
+		// A refused or overlong uvarint reads as 0. w is below 32
+		// here: the masks only spare the compiler its shift checks.
+		if h == 0 || h>>((32-w)&63) != 0 {
+			return 0
+		}
+		k += m
+		v := uint32(h) << (w & 31)
+		if zz {
+			v = v>>1 ^ -(v & 1)
+		}
+		vals[p&(blockLen-1)] |= v
+	}
+	return k
 }
 
 // exception reads the high bits of an exception: a uvarint of at most
@@ -428,6 +463,33 @@ func expandOrder2(out *[4 * blockLen]byte, vals *[blockLen]uint32, x, g uint64) 
 		x += g
 		binary.BigEndian.PutUint32(out[4*i+8:], uint32(x))
 		g += uint64(-int64(v3&1)) ^ uint64(v3>>1)
+		bad |= g - 1
+		x += g
+		binary.BigEndian.PutUint32(out[4*i+12:], uint32(x))
+	}
+	return x, g, bad>>32 == 0 && x <= math.MaxUint32
+}
+
+// expandDeltas is expandOrder2 for values already zigzag-decoded: each is
+// the signed difference, as a 32-bit two's complement, between a gap and
+// the gap before it.
+func expandDeltas(out *[4 * blockLen]byte, vals *[blockLen]uint32, x, g uint64) (uint64, uint64, bool) {
+	var bad uint64
+	for i := 0; i < blockLen; i += 4 {
+		v := vals[i : i+4 : i+4]
+		g += uint64(int64(int32(v[0])))
+		bad |= g - 1
+		x += g
+		binary.BigEndian.PutUint32(out[4*i:], uint32(x))
+		g += uint64(int64(int32(v[1])))
+		bad |= g - 1
+		x += g
+		binary.BigEndian.PutUint32(out[4*i+4:], uint32(x))
+		g += uint64(int64(int32(v[2])))
+		bad |= g - 1
+		x += g
+		binary.BigEndian.PutUint32(out[4*i+8:], uint32(x))
+		g += uint64(int64(int32(v[3])))
 		bad |= g - 1
 		x += g
 		binary.BigEndian.PutUint32(out[4*i+12:], uint32(x))
