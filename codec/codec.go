@@ -127,8 +127,8 @@
 // # Packed postings codec
 //
 // A list of 32-bit references (layouts tsdb and u32) is written with codec
-// 3, which decodes several times faster than codec 2 and stores less;
-// codec 2 is still written for u64 lists, for a list whose packed stream
+// 3, which stores less than codec 2 and never needs snappy to do it (the
+// two decode at similar speeds); codec 2 is still written for u64 lists, for a list whose packed stream
 // would be longer than its uvarint stream, and with Config.PostingsCodec2.
 // Both are always read. The payload:
 //

@@ -43,8 +43,8 @@ type Config struct {
 	// reads the same upstreams.
 	Postings bool
 	// PostingsCodec2 writes raw postings lists with codec 2 (uvarint
-	// gaps) where codec 3 (bit-packed gaps, several times faster to
-	// decode) would be used. Sidecars that know codec 2 but not codec 3
+	// gaps) where codec 3 (bit-packed gaps, stored smaller) would be
+	// used. Sidecars that know codec 2 but not codec 3
 	// read codec-3 items as misses: turn it on while one of them still
 	// reads the same upstreams. Both are always read.
 	PostingsCodec2 bool
