@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"math/bits"
 	"net"
 	"os"
 	"slices"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"mcsidecar/proxy/evloop"
+	"mcsidecar/proxy/internal/chunks"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -78,13 +78,9 @@ type loopState struct {
 	held, heldSpare []*loopClient
 	slots           []*loopSlot
 	reqs            []*loopReq
-	shares          []*loopShare
-	// chunks are the chunks of loopChunk bytes to read replies into that
-	// no reply refers to any more, and long the longer ones, of longKept
-	// bytes in all; made is the bytes of the chunks allocated.
-	chunks, long   [][]byte
-	longKept, made int
-	sealBuf        []byte // a reply to a TLS client, before encryption
+	// pool is where replies are read into (see loopUpstream.chunk).
+	pool    chunks.Pool
+	sealBuf []byte // a reply to a TLS client, before encryption
 	// meta is where the next ms or md is parsed (see parseMeta).
 	meta *loopMeta
 	// ending are the clients that ended their side and are owed replies
@@ -118,15 +114,6 @@ func (ls *loopState) clock() {
 	}
 }
 
-// loopShare is a chunk that replies are read into (see
-// loopUpstream.chunk): the requests whose replies are in it refer to it,
-// and so does its connection while it reads into it. It is given back
-// when the last of them lets go.
-type loopShare struct {
-	buf  []byte
-	refs int
-}
-
 // Free lists: what a finished request gives back, bounded so that a burst
 // does not stay allocated.
 const (
@@ -141,18 +128,6 @@ const (
 	// would be zeroed and collected each time.
 	loopArenasKept = 4
 	loopArenaKeep  = 8 << 20
-
-	// loopChunksKept is how many chunks of loopChunk bytes a loop keeps
-	// for reading replies into (see loopUpstream.chunk) once no reply in
-	// them is referred to. A reply of long values is read into a chunk of
-	// its size (see chunk); one allocated for each would be zeroed and its
-	// pages faulted in each time, and be cold in the CPU's cache when
-	// written to the client. Of those longer chunks the loop keeps up to
-	// loopLongChunksBytes, none over loopChunkKeepMax: kept apart, so that
-	// a burst of short replies does not leave no room for long ones.
-	loopChunksKept      = 32
-	loopLongChunksBytes = 16 << 20
-	loopChunkKeepMax    = 4 << 20
 )
 
 // take returns the last of a free list, or a new one.
@@ -180,66 +155,10 @@ func (ls *loopState) req(s *loopSlot) *loopReq {
 	return r
 }
 
-// chunk returns a chunk to read replies into, of at least n bytes: of
-// those given back, the smallest large enough, the last one given back of
-// those, whose bytes are the likeliest to be in the CPU's cache. A chunk
-// for a long reply is a power of two in size, so that replies of about
-// one size take turns in one.
-func (ls *loopState) chunk(n int) *loopShare {
-	n = max(n, loopChunk)
-	if n > loopChunk && n <= loopChunkKeepMax {
-		n = 1 << bits.Len(uint(n-1))
-	}
-	sh := take(&ls.shares)
-	sh.refs = 1
-	if k := len(ls.chunks); n == loopChunk && k > 0 {
-		sh.buf = ls.chunks[k-1]
-		ls.chunks[k-1] = nil
-		ls.chunks = ls.chunks[:k-1]
-		return sh
-	}
-	best := -1
-	for k, b := range ls.long {
-		if cap(b) >= n && (best < 0 || cap(b) <= cap(ls.long[best])) {
-			best = k
-		}
-	}
-	if best < 0 {
-		sh.buf = make([]byte, 0, n)
-		ls.made += n
-		return sh
-	}
-	sh.buf = ls.long[best]
-	ls.long = slices.Delete(ls.long, best, best+1)
-	ls.longKept -= cap(sh.buf)
-	return sh
-}
-
-// release drops one reference to a chunk, and takes it back once no reply
-// in it is referred to any more.
-func (ls *loopState) release(sh *loopShare) {
-	if sh.refs--; sh.refs > 0 {
-		return
-	}
-	// A reply that outgrew its chunk may have moved to a smaller array
-	// (see adopt): only whole chunks are kept, or one would sit on top.
-	switch b, n := sh.buf, cap(sh.buf); {
-	case n == loopChunk && len(ls.chunks) < loopChunksKept:
-		ls.chunks = append(ls.chunks, b[:0])
-	case n > loopChunk && n <= loopChunkKeepMax && ls.longKept+n <= loopLongChunksBytes:
-		ls.long = append(ls.long, b[:0])
-		ls.longKept += n
-	}
-	*sh = loopShare{}
-	if len(ls.shares) < loopFreeMax {
-		ls.shares = append(ls.shares, sh)
-	}
-}
-
 func (ls *loopState) putReq(r *loopReq) {
 	buf := r.buf[:0] // a storage command's reply line, a copy of its own
 	if r.share != nil {
-		ls.release(r.share)
+		ls.pool.Release(r.share)
 		buf = nil
 	}
 	if cap(buf) > loopLineKeep {

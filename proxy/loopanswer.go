@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"mcsidecar/codec"
+	"mcsidecar/proxy/internal/chunks"
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
@@ -183,7 +184,7 @@ func (o *loopOwner) stored() []byte { return o.block[len(o.block)-o.size-2 : len
 // When two of them name one key and memcached found it only the second
 // time (stored in between), the first takes the hit and the second has a
 // miss: either order is one the two concurrent requests could have run in.
-func (ls *loopState) answerJoined(group []*loopReq, sh *loopShare, reply []byte, vals []upstream.ValueAt) {
+func (ls *loopState) answerJoined(group []*loopReq, sh *chunks.Share, reply []byte, vals []upstream.ValueAt) {
 	start := 0
 	for _, r := range group {
 		n := r.slot.match(r, reply, vals)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"mcsidecar/proxy/evloop"
+	"mcsidecar/proxy/internal/chunks"
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/stats"
 )
@@ -52,7 +53,7 @@ type loopClient struct {
 	// straight into it (ReadInto), and the request handled from it once
 	// whole.
 	pend   []byte
-	pendSh *loopShare
+	pendSh *chunks.Share
 }
 
 // loopPendMin is the length from which a storage command (line, value and
@@ -419,7 +420,7 @@ func (lc *loopClient) pendable(total, got int) bool {
 // dropPend gives back pend's chunk.
 func (lc *loopClient) dropPend() {
 	if lc.pendSh != nil {
-		lc.ls.release(lc.pendSh)
+		lc.ls.pool.Release(lc.pendSh)
 	}
 	lc.pend, lc.pendSh = nil, nil
 }

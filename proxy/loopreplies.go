@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"mcsidecar/proxy/internal/chunks"
 	"mcsidecar/proxy/upstream"
 )
 
@@ -80,11 +81,11 @@ func (u *loopUpstream) replies() {
 		case r.store:
 			r.done(reply, nil) // which copies what it keeps
 		case r.meta:
-			u.chunk.refs++
+			u.chunk.Refs++
 			r.share = u.chunk
 			r.done(reply[:len(reply):len(reply)], nil)
 		default:
-			u.chunk.refs += len(joined)
+			u.chunk.Refs += len(joined)
 			u.ls.answerJoined(joined, u.chunk, reply, vals)
 		}
 		clear(joined)
@@ -114,14 +115,8 @@ func (u *loopUpstream) replies() {
 // copied only when its chunk has too little room left for the next read:
 // what is read of it so far moves to a new chunk.
 
-// loopChunk is the size of a chunk, and loopChunkRoom the least room a
-// read is given in one. Measured on the comparison's load 3 (100-key gets
-// of 3 KiB values over four servers), 512 KiB chunks took 10 % fewer reads
-// than 256 KiB ones and moved fewer replies; 1 MiB ones did no better.
-const (
-	loopChunk     = 512 << 10
-	loopChunkRoom = 32 << 10
-)
+// loopChunkRoom is the least room a read is given in a chunk.
+const loopChunkRoom = 32 << 10
 
 // takeChunk has the connection read into a chunk with room for at least n
 // more bytes, taking one when it has none. A reply that has to move goes
@@ -134,8 +129,8 @@ func (u *loopUpstream) takeChunk(n, size int) {
 	}
 	size = max(size, len(acc)+n, 2*len(acc))
 	if u.chunk == nil {
-		u.chunk = u.ls.chunk(size)
-		u.scan.Acc = u.chunk.buf[:0]
+		u.chunk = u.ls.pool.Get(size)
+		u.scan.Acc = u.chunk.Buf[:0]
 		return
 	}
 	u.moveTo(size)
@@ -145,9 +140,9 @@ func (u *loopUpstream) takeChunk(n, size int) {
 // least size bytes.
 func (u *loopUpstream) moveTo(size int) {
 	acc := u.scan.Acc
-	sh := u.ls.chunk(size)
-	u.scan.Acc = append(sh.buf[:0], acc...)
-	u.ls.release(u.chunk)
+	sh := u.ls.pool.Get(size)
+	u.scan.Acc = append(sh.Buf[:0], acc...)
+	u.ls.pool.Release(u.chunk)
 	u.chunk = sh
 }
 
@@ -155,20 +150,19 @@ func (u *loopUpstream) moveTo(size int) {
 // past the end of its chunk, or grown for a long value) the connection's
 // chunk.
 func (u *loopUpstream) adopt() {
-	acc, buf := u.scan.Acc, u.chunk.buf
+	acc, buf := u.scan.Acc, u.chunk.Buf
 	if _, ok := within(acc[:cap(acc)], buf[:cap(buf)]); ok {
 		return // still in the chunk
 	}
-	u.ls.release(u.chunk)
-	u.chunk = take(&u.ls.shares)
-	u.chunk.buf, u.chunk.refs = acc[:0], 1
+	u.ls.pool.Release(u.chunk)
+	u.chunk = u.ls.pool.Adopt(acc)
 }
 
 // dropChunk gives up the connection's hold on its chunk, and the reply
 // being read.
 func (u *loopUpstream) dropChunk() {
 	if u.chunk != nil {
-		u.ls.release(u.chunk)
+		u.ls.pool.Release(u.chunk)
 		u.chunk = nil
 	}
 	u.scan = upstream.ReplyScan{Vals: u.scan.Spare()}
@@ -188,12 +182,12 @@ func (u *loopUpstream) room() []byte {
 		// that a long one is read whole where it begins, not moved; no
 		// more than a chunk the loop keeps, so that a short reply after
 		// long ones does not take an array of their size for itself.
-		want = max(want, min(u.replyMean+u.replyMean/4, loopChunkKeepMax))
+		want = max(want, min(u.replyMean+u.replyMean/4, chunks.KeepMax))
 	}
 	n := direct(&u.scan)
 	if n > 0 {
 		want = n + loopChunkRoom
-		size = len(u.scan.Acc) + min(u.scan.Need, loopChunkKeepMax) + loopChunkRoom
+		size = len(u.scan.Acc) + min(u.scan.Need, chunks.KeepMax) + loopChunkRoom
 	}
 	u.takeChunk(want, size)
 	acc := u.scan.Acc

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"mcsidecar/proxy/internal/chunks"
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
@@ -156,7 +157,7 @@ func TestReplyScanReadsLongValuesInPlace(t *testing.T) {
 	// much the chunk had: the value does not move for the END after it.
 	tight := upstreamOnLoop()
 	tight.takeChunk(0, 0)
-	tight.scan.Acc = append(tight.scan.Acc, make([]byte, loopChunk-loopDirectMin-2)...)
+	tight.scan.Acc = append(tight.scan.Acc, make([]byte, chunks.Size-loopDirectMin-2)...)
 	tight.scan.Need = loopDirectMin
 	if room := tight.room(); len(room) != loopDirectMin || cap(tight.scan.Acc)-len(tight.scan.Acc)-len(room) < loopChunkRoom {
 		t.Fatalf("room of %d bytes leaves %d after it", len(room), cap(tight.scan.Acc)-len(tight.scan.Acc)-len(room))
@@ -172,7 +173,7 @@ func TestReplyScanReadsLongValuesInPlace(t *testing.T) {
 		{"in place, uneven pieces", 3*loopDirectMax/2 + 7, 0, []int{1, 4095, loopDirectMin + 3, 100000}, true},
 		{"copied from elsewhere", 3*loopDirectMax/2 + 7, 0, []int{1, 70000, loopDirectMax + 9}, false},
 		{"in place, all but filling its chunk", loopDirectMax - 200, 700_000, nil, true},
-		{"in place, longer than a kept chunk, after long replies", loopChunkKeepMax + loopChunkKeepMax/8, 7 * loopChunkKeepMax / 8, nil, true},
+		{"in place, longer than a kept chunk, after long replies", chunks.KeepMax + chunks.KeepMax/8, 7 * chunks.KeepMax / 8, nil, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			value := make([]byte, tc.size)
@@ -366,7 +367,7 @@ func TestEventLoopChunksKeepRepliesWhole(t *testing.T) {
 	for i := range values {
 		size := 100 + rng.IntN(4<<10)
 		if i >= short {
-			size = loopChunkRoom + rng.IntN(loopChunk) // long enough to cross a chunk's end
+			size = loopChunkRoom + rng.IntN(chunks.Size) // long enough to cross a chunk's end
 		}
 		b := make([]byte, size)
 		for j := range b {
@@ -478,7 +479,7 @@ func TestEventLoopLongValuesReuseChunks(t *testing.T) {
 		}
 	}
 	made := func() (n int) {
-		onLoops(func(ls *loopState) { n += ls.made })
+		onLoops(func(ls *loopState) { n += ls.pool.Made() })
 		return n
 	}
 
@@ -490,7 +491,7 @@ func TestEventLoopLongValuesReuseChunks(t *testing.T) {
 	for range gets {
 		get("long")
 	}
-	if n := made() - before; n > loopChunkKeepMax {
+	if n := made() - before; n > chunks.KeepMax {
 		t.Errorf("chunks of %d bytes allocated for %d gets of a %d-byte value", n, gets, values["long"])
 	}
 
@@ -506,26 +507,9 @@ func TestEventLoopLongValuesReuseChunks(t *testing.T) {
 	for range 3 {
 		get("short")
 	}
-	if n := made() - before; n > loopChunk {
+	if n := made() - before; n > chunks.Size {
 		t.Errorf("chunks of %d bytes allocated for 3 gets of a %d-byte value after longer ones", n, values["short"])
 	}
-	onLoops(func(ls *loopState) {
-		long := 0
-		for _, b := range ls.chunks {
-			if cap(b) != loopChunk {
-				t.Errorf("a kept chunk of %d bytes among those of %d", cap(b), loopChunk)
-			}
-		}
-		for _, b := range ls.long {
-			if n := cap(b); n <= loopChunk || n > loopChunkKeepMax {
-				t.Errorf("a kept long chunk of %d bytes", n)
-			}
-			long += cap(b)
-		}
-		if len(ls.chunks) > loopChunksKept || long != ls.longKept || long > loopLongChunksBytes {
-			t.Errorf("kept %d chunks of %d bytes and %d bytes of longer ones, counted as %d", len(ls.chunks), loopChunk, long, ls.longKept)
-		}
-	})
 }
 
 // TestLoopRetrievalBehindTimedOutReplyAskedAgain: a get pipelined on the

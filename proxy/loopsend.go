@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 
+	"mcsidecar/proxy/internal/chunks"
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/stats"
 )
@@ -254,9 +255,9 @@ func (lc *loopClient) awaitBlock(total int, data []byte) (took int, whole bool) 
 	}
 	if lc.pendable(total, len(data)) {
 		var buf []byte
-		if total >= loopChunk {
-			lc.pendSh = lc.ls.chunk(total)
-			buf = lc.pendSh.buf
+		if total >= chunks.Size {
+			lc.pendSh = lc.ls.pool.Get(total)
+			buf = lc.pendSh.Buf
 		} else {
 			buf = make([]byte, 0, total)
 		}

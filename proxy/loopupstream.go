@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"mcsidecar/proxy/evloop"
+	"mcsidecar/proxy/internal/chunks"
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
@@ -28,7 +29,7 @@ type loopUpstream struct {
 	scan     upstream.ReplyScan
 	// chunk is what replies are read into while one is being read:
 	// scan.Acc is the tail of it, from where that reply begins.
-	chunk *loopShare
+	chunk *chunks.Share
 	tls   *loopTLS // the connection's TLS client, with --upstream-tls-enabled
 	// batchErr is the first error a reply of the oldest batch in flight
 	// was; batches, how many are in flight.
@@ -70,7 +71,7 @@ type loopReq struct {
 	// joined is how many requests after this one in the queue share its
 	// get line (see loopUpstream.join); share, the chunk buf is in.
 	joined int
-	share  *loopShare
+	share  *chunks.Share
 	// ends marks the last request of one write upstream (a batch).
 	ends bool
 	// expect is the family of the reply to a command of one key.
@@ -105,7 +106,7 @@ const loopJoinKeys = 16
 // a command and the proxy a line, which is nothing next to long values,
 // and a reply shared by many clients' long values is long: it outgrows
 // chunk after chunk, each move copying all of it read so far. Measured on
-// 700 KB values (compare.sh's load 5), with chunks kept (see chunk), not
+// 700 KB values (compare.sh's load 5), with chunks kept (see chunks.Pool), not
 // joining them took the proxy's CPU a request from about twice twemproxy's
 // to about as much.
 const loopJoinReplyMax = loopChunkRoom

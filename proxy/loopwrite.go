@@ -200,7 +200,7 @@ func cutBufs(bufs [][]byte, n int) (head, rest [][]byte) {
 // the slot keeps the chunk, which nothing else reads into.
 func (ls *loopState) detach(s *loopSlot, out [][]byte) {
 	for _, r := range s.reqs {
-		if r.share == nil || r.share.refs == 1 && 2*len(r.buf) >= cap(r.share.buf) {
+		if r.share == nil || r.share.Refs == 1 && 2*len(r.buf) >= cap(r.share.Buf) {
 			continue
 		}
 		b := slices.Clone(r.buf)
@@ -209,7 +209,7 @@ func (ls *loopState) detach(s *loopSlot, out [][]byte) {
 				out[i] = b[off : off+len(piece) : off+len(piece)]
 			}
 		}
-		ls.release(r.share)
+		ls.pool.Release(r.share)
 		r.share, r.buf = nil, b
 	}
 }
