@@ -25,7 +25,7 @@ import (
 //     and after the write goes upstream (set, add, replace, append,
 //     prepend, cas, incr, decr, delete, touch, gat), and a get that
 //     overlapped a write to its key does not keep what it fetched (see
-//     writeGuard); flush_all empties it, a get that overlapped it keeps
+//     writeguard); flush_all empties it, a get that overlapped it keeps
 //     nothing, and a delayed one keeps it empty until memcached has
 //     surely acted on it, so that it is empty at the flush's time.
 //     A write through another sidecar or straight to memcached is not
@@ -43,7 +43,7 @@ const (
 // key key, sent upstream as k, or nil; and the count of k's write stripe,
 // for keep.
 func (p *Proxy) fromTier(key []byte, k string, read bool, now int64) (*tier.Entry, uint64) {
-	gen := p.writeCount(k)
+	gen := p.guard.NoteString(k)
 	if read {
 		if e, ok := p.tier.Get(k, now); ok && e.Key == string(key) {
 			return e, gen
@@ -59,8 +59,7 @@ func (p *Proxy) keep(key []byte, k string, gen uint64, immutable bool, now int64
 		p.stats.TierMutable.Add(1)
 		return
 	}
-	stripe := p.guard.stripe(k)
-	if gen == noteNever || stripe.Load() != gen {
+	if p.guard.WroteSinceString(k, gen) {
 		return
 	}
 	var expires int64
@@ -75,7 +74,7 @@ func (p *Proxy) keep(key []byte, k string, gen uint64, immutable bool, now int64
 	// A write that began between the check and the Set has already
 	// dropped k and will drop it again when it is done; one that ended in
 	// between would not: look again.
-	if stripe.Load() != gen {
+	if p.guard.WroteSinceString(k, gen) {
 		p.tier.Delete(k)
 	}
 }

@@ -164,7 +164,7 @@ type loopOwner struct {
 	// The local tier: immutable says the key's value never changes, so
 	// the tier may keep it, and gen is the count of its write stripe
 	// before it was last asked upstream, for the tier and a fill (see
-	// writeGuard); inTier, that the tier answered it, from the arena.
+	// writeguard); inTier, that the tier answered it, from the arena.
 	immutable, inTier bool
 	gen               uint64
 	// corrupt: the key's envelope was damaged (see open).

@@ -12,7 +12,7 @@ import (
 // flushAll sends flush_all, with the client's delay, to every server of
 // the zones it reaches (see flushZones), and answers once every server
 // has. Reads that overlap it keep and fill
-// nothing (see writeGuard). A delay it does not take is refused in the
+// nothing (see writeguard). A delay it does not take is refused in the
 // reply's place.
 func (lc *loopClient) flushAll(w [][]byte) {
 	c, p := lc.c, lc.c.p

@@ -4,6 +4,7 @@ import (
 	"bytes"
 
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/internal/writeguard"
 	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
 )
@@ -71,11 +72,11 @@ func (lc *loopClient) metaGet(id int, words [][]byte) {
 	filling := len(p.zones) > 1 && p.cfg.ZoneFill
 	lm.noted = 0
 	if filling {
-		lm.noted = p.writeCountOf(rk.up)
+		lm.noted = p.guard.Note(rk.up)
 	}
 	if m.HasTTL {
 		p.writingOf(rk.up) // a touch: the local tier's entry would outlive it
-		lm.noted = ownWrite(lm.noted)
+		lm.noted = writeguard.OwnWrite(lm.noted)
 	}
 	lm.vivifyLast = len(p.zones) > 1 && m.HasVivify
 	s.serial = lm.vivifyLast
@@ -153,7 +154,7 @@ func (s *loopSlot) metaGetDone(reply []byte, err error, srv *upstream.Server, fr
 	s.client.made(s) // charged at its length now
 	if m.HasTTL {
 		p.wroteOf(s.ups)
-		lm.noted = ownWriteEnded(lm.noted)
+		lm.noted = writeguard.OwnWriteEnded(lm.noted)
 	}
 	if damaged {
 		s.deleteCorrupt(from, s.ups)
@@ -184,7 +185,7 @@ func (s *loopSlot) metaFill(hit *metaReply, stored []byte, storedFlags uint32) {
 		return
 	}
 	key := s.ups
-	if p.wroteSinceOf(key, lm.noted) {
+	if p.guard.WroteSince(key, lm.noted) {
 		p.fills[fillDropped].Add(1)
 		return
 	}

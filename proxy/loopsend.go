@@ -389,7 +389,7 @@ func (lc *loopClient) commandAs(id, kind int, lm *loopMeta, key []byte, noreply 
 	lc.slots = append(lc.slots, s)
 	lc.c.lastCmd.Store(s.began.UnixNano())
 	// The write is marked, and the key's tier entry dropped, before it
-	// goes upstream and again once it is answered (see writeGuard).
+	// goes upstream and again once it is answered (see writeguard).
 	p.writingOf(key)
 	if p.zoneByZone(kind) {
 		// The request is kept, in the slot's arena, for the next zone.

@@ -77,7 +77,7 @@ type loopReq struct {
 	// expect is the family of the reply to a command of one key.
 	expect wire.Reply
 	// A fill's key, and the count of its write stripe its read noted
-	// (see writeGuard); undo, that a write raced it and it is deleted
+	// (see writeguard); undo, that a write raced it and it is deleted
 	// again (dropUnfill, whose key it is too).
 	key  []byte
 	gen  uint64
@@ -368,7 +368,7 @@ func (p *Proxy) countDropped(r *loopReq, reply []byte, err error) {
 		case bytes.Equal(reply, wire.LineStored), bytes.HasPrefix(reply, metaCodeStored): // add's, or an mg fill's ms
 			result = fillStored
 		}
-		if mayHaveStored(result) && p.wroteSinceOf(r.key, r.gen) {
+		if mayHaveStored(result) && p.guard.WroteSince(r.key, r.gen) {
 			r.undo, result = true, fillDropped // see dropped
 		}
 		p.fills[result].Add(1)

@@ -206,7 +206,7 @@ func (s *loopSlot) askNextZone() bool {
 		key := s.upKey(i)
 		reqUps = s.group(reqUps, start, ls.upstreamOf(up, key), i)
 		o.zone, o.err = z, nil
-		o.gen = p.writeCountOf(key) // for its fill
+		o.gen = p.guard.Note(key) // for its fill
 	}
 	if len(reqUps) == 0 {
 		return false
@@ -244,7 +244,7 @@ func (s *loopSlot) countZoneReads() {
 // remaining time to live: a value the local zone got meanwhile is newer,
 // and stays. The adds go out in OnPollEnd. A fill that a write to its key
 // through the sidecar raced is not sent, or deleted again (see
-// writeGuard).
+// writeguard).
 func (s *loopSlot) fill() {
 	p := s.client.c.p
 	if s.zone == 0 || !p.cfg.ZoneFill {
@@ -258,7 +258,7 @@ func (s *loopSlot) fill() {
 			continue // a key gone in under a second is not worth it
 		}
 		key := s.upKey(i)
-		if p.wroteSinceOf(key, o.gen) {
+		if p.guard.WroteSince(key, o.gen) {
 			p.fills[fillDropped].Add(1)
 			continue
 		}

@@ -19,6 +19,7 @@ import (
 	"mcsidecar/codec"
 	"mcsidecar/keyspace"
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/internal/writeguard"
 	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/tier"
 	"mcsidecar/proxy/upstream"
@@ -39,11 +40,10 @@ type Proxy struct {
 	fills     [numFillResults]atomic.Uint64
 	discovery *discovery // nil: every upstream entry is static
 	stats     *stats.Counters
-	tenants   *stats.Tenants // nil: no per-tenant view
-	codec     *codec.Codec   // nil: no value is enveloped
-	tier      *tier.Cache    // nil: no local tier
-	guard     writeGuard
-	guarding  bool               // guards(): writes are counted
+	tenants   *stats.Tenants     // nil: no per-tenant view
+	codec     *codec.Codec       // nil: no value is enveloped
+	tier      *tier.Cache        // nil: no local tier
+	guard     *writeguard.Guard  // nil: nothing stores what reads fetched (see guards)
 	keys      *keyspace.Keyspace // nil: keys are not rewritten
 	// keyLine is the longest a line that names a key may run without a
 	// newline (see wire.KeyedLineMax).
@@ -149,7 +149,9 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 		z.up.Store(up)
 		p.zones = append(p.zones, z)
 	}
-	p.guarding = p.guards()
+	if p.guards() {
+		p.guard = new(writeguard.Guard)
+	}
 	p.startDiscovery()
 	return p, nil
 }

@@ -6,7 +6,7 @@ import (
 
 // The end of a zone fill (see fillLocal, loopSlot.fill and metaFill):
 // its result, and the delete of a fill that a write raced (see
-// writeGuard).
+// writeguard).
 
 // mayHaveStored reports whether a fill with result may have stored its
 // value: it did, or it failed after it may have. One that a write to its

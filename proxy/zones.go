@@ -141,7 +141,7 @@ const (
 var zoneResultNames = [numZoneResults]string{zoneHit: "hit", zoneMiss: "miss", zoneError: "error"}
 
 // Results of a fill. dropped: a write to the key through the sidecar
-// raced it, and it was not sent or was deleted again (see writeGuard).
+// raced it, and it was not sent or was deleted again (see writeguard).
 const (
 	fillStored = iota
 	fillNotStored
