@@ -133,20 +133,18 @@ func (c *conn) stats(w [][]byte) {
 	c.wr.Write(c.scratch)
 }
 
-func (c *conn) clientError(id int, reply []byte) error {
+func (c *conn) clientError(id int, reply []byte) {
 	c.p.stats.Record(id, stats.OutcomeClientError)
 	c.reply(reply)
-	return nil
 }
 
 // upstreamError answers a failed call to srv with memcached's reply for
 // the cache outcome, or SERVER_ERROR for a failure.
-func (c *conn) upstreamError(id int, srv *upstream.Server, err error) error {
+func (c *conn) upstreamError(id int, srv *upstream.Server, err error) {
 	reply, oc := upstreamReply(err)
 	if oc == stats.OutcomeUpstreamError {
 		srv.DropIdle(err)
 	}
 	c.p.stats.Record(id, oc)
 	c.reply(reply)
-	return nil
 }

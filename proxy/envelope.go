@@ -71,19 +71,19 @@ func appendCreate(dst []byte, k string, size int, flags uint32, exptime int64) [
 func (c *conn) joinOp(id int, data []byte) rmw {
 	return rmw{
 		missing: c.answerMissing(id, wire.LineNotStored, stats.OutcomeNotStored),
-		change: func(old []byte, _ *upstream.MetaItem) (bool, error) {
+		change: func(old []byte, _ *upstream.MetaItem) bool {
 			c.join(id == wire.CmdAppend, old, data)
-			return true, nil
+			return true
 		},
-		stored: func(notStored bool, _ uint64) (bool, error) {
+		stored: func(notStored bool, _ uint64) bool {
 			if notStored {
 				c.p.stats.Record(id, stats.OutcomeNotStored)
 				c.reply(wire.LineNotStored)
-				return true, nil
+				return true
 			}
 			c.p.stats.Record(id, stats.OutcomeStored)
 			c.reply(wire.LineStored)
-			return true, nil
+			return true
 		},
 	}
 }
@@ -93,22 +93,23 @@ func (c *conn) arithOp(id int, incr bool, delta uint64) rmw {
 	var n uint64
 	return rmw{
 		missing: c.answerMissing(id, wire.LineNotFound, stats.OutcomeNotFound),
-		change: func(old []byte, _ *upstream.MetaItem) (bool, error) {
+		change: func(old []byte, _ *upstream.MetaItem) bool {
 			var ok bool
 			if n, ok = c.count(old, incr, delta); !ok {
-				return false, c.clientError(id, wire.LineNonNumeric)
+				c.clientError(id, wire.LineNonNumeric)
+				return false
 			}
-			return true, nil
+			return true
 		},
-		stored: func(notStored bool, _ uint64) (bool, error) {
+		stored: func(notStored bool, _ uint64) bool {
 			if notStored {
 				// A number always fits; refused, it was changed
 				// meanwhile.
-				return false, nil
+				return false
 			}
 			c.p.stats.Record(id, stats.OutcomeOK)
 			c.replyNumber(n)
-			return true, nil
+			return true
 		},
 	}
 }
@@ -150,30 +151,30 @@ func (c *conn) count(old []byte, incr bool, delta uint64) (n uint64, ok bool) {
 type rmw struct {
 	// missing answers a missing item, or asks to read it again (retry)
 	// when it was created meanwhile.
-	missing func() (retry bool, err error)
+	missing func() (retry bool)
 	// create, when set, is asked first about a missing item: it returns
 	// the value (with no flags) and exptime to create it with, by an add,
 	// or false to leave the item to missing. created then answers the
 	// item added, whose CAS value is cas; when another client created it
 	// first, it is read again.
 	create  func() (value []byte, exptime int64, ok bool)
-	created func(cas uint64) error
+	created func(cas uint64)
 	// change puts the new value in c.tmp, and may change the item it is
 	// written back as (its time to live). It returns false when it has
 	// answered.
-	change func(old []byte, it *upstream.MetaItem) (bool, error)
+	change func(old []byte, it *upstream.MetaItem) bool
 	// stored answers a write back that was not refused for a conflict
 	// (notStored: memcached refused it otherwise; cas: the new item's
 	// CAS value) and returns false to try again.
-	stored func(notStored bool, cas uint64) (bool, error)
+	stored func(notStored bool, cas uint64) bool
 }
 
 // answerMissing returns an rmw.missing that answers line with its outcome.
-func (c *conn) answerMissing(id int, line []byte, oc stats.Outcome) func() (bool, error) {
-	return func() (bool, error) {
+func (c *conn) answerMissing(id int, line []byte, oc stats.Outcome) func() bool {
+	return func() bool {
 		c.p.stats.Record(id, oc)
 		c.reply(line)
-		return false, nil
+		return false
 	}
 }
 

@@ -113,7 +113,7 @@ func (s *loopSlot) modified(r *loopReq, reply []byte, err error) {
 		}
 		cas, _ := wire.ParseUint64(bytes.TrimSuffix(reply[len(wire.LineStoredWithCAS):], wire.CRLF))
 		mod.changed = true
-		s.modifyAnswer(func() error { return mod.op.created(cas) })
+		s.modifyAnswer(func() { mod.op.created(cas) })
 		s.modifyEnd()
 	default:
 		s.modifyWriteDone(r, reply)
@@ -165,10 +165,7 @@ func (s *loopSlot) modifyReadDone(r *loopReq, reply []byte) {
 		return
 	}
 	var goOn bool
-	s.modifyAnswer(func() (err error) {
-		goOn, err = mod.op.change(old, &mod.it)
-		return err
-	})
+	s.modifyAnswer(func() { goOn = mod.op.change(old, &mod.it) })
 	if !goOn {
 		s.modifyEnd() // answered
 		return
@@ -187,14 +184,8 @@ func (s *loopSlot) modifyMissing() {
 		return
 	}
 	if mod.op.create != nil {
-		var value []byte
-		var exptime int64
-		var ok bool
-		s.modifyAnswer(func() error {
-			value, exptime, ok = mod.op.create()
-			return nil
-		})
-		if ok {
+		// create only makes the value: it does not answer.
+		if value, exptime, ok := mod.op.create(); ok {
 			stored, storedFlags := c.encodeFor(mod.key, mod.bind, mod.postings, 0, value)
 			s.arena = appendCreate(s.arena[:0], string(s.ups), len(stored), storedFlags, exptime)
 			s.arena = append(append(s.arena, stored...), wire.CRLF...)
@@ -204,10 +195,7 @@ func (s *loopSlot) modifyMissing() {
 		}
 	}
 	var retry bool
-	s.modifyAnswer(func() (err error) {
-		retry, err = mod.op.missing()
-		return err
-	})
+	s.modifyAnswer(func() { retry = mod.op.missing() })
 	if !retry {
 		s.modifyEnd() // answered
 		return
@@ -256,10 +244,7 @@ func (s *loopSlot) modifyWriteDone(r *loopReq, reply []byte) {
 func (s *loopSlot) modifyStored(notStored bool, cas uint64) {
 	mod := s.mod
 	var done bool
-	s.modifyAnswer(func() (err error) {
-		done, err = mod.op.stored(notStored, cas)
-		return err
-	})
+	s.modifyAnswer(func() { done = mod.op.stored(notStored, cas) })
 	if done {
 		mod.changed = !notStored
 		s.modifyEnd()
@@ -277,10 +262,9 @@ func (s *loopSlot) modifyAgain() {
 		return
 	}
 	c := s.client.c
-	s.modifyAnswer(func() error {
+	s.modifyAnswer(func() {
 		c.p.stats.Record(s.id, stats.OutcomeUpstreamError)
 		c.reply(wire.LineContended)
-		return nil
 	})
 	s.modifyEnd()
 }
@@ -290,13 +274,13 @@ func (s *loopSlot) modifyAgain() {
 // answered (upstreamReply).
 func (s *loopSlot) modifyFail(srv *upstream.Server, err error) {
 	c := s.client.c
-	s.modifyAnswer(func() error { return c.upstreamError(s.id, srv, err) })
+	s.modifyAnswer(func() { c.upstreamError(s.id, srv, err) })
 	s.modifyEnd()
 }
 
 // modifyAnswer runs answer, a step of the op that may answer the client,
 // with the connection's replies going to the slot.
-func (s *loopSlot) modifyAnswer(answer func() error) {
+func (s *loopSlot) modifyAnswer(answer func()) {
 	c := s.client.c
 	if c.mst == nil {
 		c.mst = new(metaState)

@@ -50,8 +50,9 @@ func (c *conn) metaArithOp(m *metaReq) rmw {
 	var n uint64
 	var oldTTL int32
 	return rmw{
-		missing: func() (bool, error) {
-			return false, c.metaAnswer(id, m, metaCodeNotFound, nil, nil)
+		missing: func() bool {
+			c.metaAnswer(id, m, metaCodeNotFound, nil, nil)
+			return false
 		},
 		create: func() ([]byte, int64, bool) {
 			if !m.HasVivify {
@@ -60,27 +61,30 @@ func (c *conn) metaArithOp(m *metaReq) rmw {
 			c.tmp = strconv.AppendUint(c.tmp[:0], m.Initial, 10)
 			return c.tmp, wire.ExptimeOf(metaTTL(m, -1, true)), true
 		},
-		created: func(cas uint64) error {
+		created: func(cas uint64) {
 			m.Quiet = false // memcached answers a creation even when asked quietly
-			return c.metaArithmeticAnswer(m, m.Initial, cas, -1, true)
+			c.metaArithmeticAnswer(m, m.Initial, cas, -1, true)
 		},
-		change: func(old []byte, it *upstream.MetaItem) (bool, error) {
+		change: func(old []byte, it *upstream.MetaItem) bool {
 			if m.HasCAS && m.CAS != 0 && it.CAS != m.CAS { // ma reads C0 as no CAS
-				return false, c.metaAnswer(id, m, metaCodeExists, nil, nil)
+				c.metaAnswer(id, m, metaCodeExists, nil, nil)
+				return false
 			}
 			var ok bool
 			if n, ok = c.count(old, m.Mode != 'D' && m.Mode != '-', m.Delta); !ok {
-				return false, c.clientError(id, wire.LineNonNumeric)
+				c.clientError(id, wire.LineNonNumeric)
+				return false
 			}
 			oldTTL = it.TTL
 			it.TTL = metaTTL(m, oldTTL, false)
-			return true, nil
+			return true
 		},
-		stored: func(notStored bool, cas uint64) (bool, error) {
+		stored: func(notStored bool, cas uint64) bool {
 			if notStored {
-				return false, nil // a number always fits: try again
+				return false // a number always fits: try again
 			}
-			return true, c.metaArithmeticAnswer(m, n, cas, oldTTL, false)
+			c.metaArithmeticAnswer(m, n, cas, oldTTL, false)
+			return true
 		},
 	}
 }
@@ -119,10 +123,10 @@ func ttlOf(exptime int32) int32 {
 // metaArithmeticAnswer answers an enveloped ma that took: HD or VA with the
 // number, c the new CAS value, t the time to live as it stood where the
 // client put t.
-func (c *conn) metaArithmeticAnswer(m *metaReq, n, cas uint64, ttl int32, created bool) error {
+func (c *conn) metaArithmeticAnswer(m *metaReq, n, cas uint64, ttl int32, created bool) {
 	c.p.stats.Record(wire.CmdMetaArithmetic, stats.OutcomeOK)
 	if m.Quiet {
-		return nil
+		return
 	}
 	out := c.mst.out[:0]
 	c.scratch = strconv.AppendUint(c.scratch[:0], n, 10)
@@ -157,5 +161,4 @@ func (c *conn) metaArithmeticAnswer(m *metaReq, n, cas uint64, ttl int32, create
 	}
 	c.mst.out = out
 	c.wr.Write(out)
-	return nil
 }

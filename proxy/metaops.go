@@ -156,11 +156,11 @@ func (c *conn) metaNoop() {
 // its order: c and t from memcached's reply r when there is an item (HD,
 // VA), the opaque and key always. value is ma's number (VA). quiet hides
 // the nominal reply (HD, and ma's VA).
-func (c *conn) metaAnswer(id int, m *metaReq, code []byte, r *metaReply, value []byte) error {
+func (c *conn) metaAnswer(id int, m *metaReq, code []byte, r *metaReply, value []byte) {
 	oc := metaOutcome(code, stats.OutcomeOK)
 	c.p.stats.Record(id, oc)
 	if oc == stats.OutcomeOK && m.Quiet {
-		return nil
+		return
 	}
 	out := c.mst.out[:0]
 	if oc != stats.OutcomeOK || r == nil {
@@ -194,5 +194,4 @@ func (c *conn) metaAnswer(id int, m *metaReq, code []byte, r *metaReply, value [
 	}
 	c.mst.out = out
 	c.wr.Write(out)
-	return nil
 }

@@ -47,11 +47,11 @@ func (c *conn) appendMetaStore(dst []byte, k string, m *metaReq, flags uint32, s
 
 // metaSetAnswer answers ms with code and the client's return flags in its
 // order; cas is the c flag's value. quiet hides HD only.
-func (c *conn) metaSetAnswer(m *metaReq, code, cas []byte) error {
+func (c *conn) metaSetAnswer(m *metaReq, code, cas []byte) {
 	oc := metaOutcome(code, stats.OutcomeStored)
 	c.p.stats.Record(wire.CmdMetaSet, oc)
 	if oc == stats.OutcomeStored && m.Quiet {
-		return nil
+		return
 	}
 	if cas == nil {
 		cas = metaZero
@@ -69,7 +69,6 @@ func (c *conn) metaSetAnswer(m *metaReq, code, cas []byte) error {
 	}
 	c.mst.out = append(out, wire.CRLF...)
 	c.wr.Write(c.mst.out)
-	return nil
 }
 
 // metaZero is the CAS value memcached returns when nothing was stored.
@@ -79,19 +78,25 @@ var metaZero = []byte("0")
 // of data.
 func (c *conn) metaJoinOp(m *metaReq, data []byte) rmw {
 	return rmw{
-		missing: func() (bool, error) { return false, c.metaSetAnswer(m, metaCodeNotStore, nil) },
-		change: func(old []byte, it *upstream.MetaItem) (bool, error) {
+		missing: func() bool {
+			c.metaSetAnswer(m, metaCodeNotStore, nil)
+			return false
+		},
+		change: func(old []byte, it *upstream.MetaItem) bool {
 			if m.HasCAS && it.CAS != m.CAS {
-				return false, c.metaSetAnswer(m, metaCodeExists, nil)
+				c.metaSetAnswer(m, metaCodeExists, nil)
+				return false
 			}
 			c.join(m.Mode == 'A', old, data)
-			return true, nil
+			return true
 		},
-		stored: func(notStored bool, cas uint64) (bool, error) {
+		stored: func(notStored bool, cas uint64) bool {
 			if notStored {
-				return true, c.metaSetAnswer(m, metaCodeNotStore, nil)
+				c.metaSetAnswer(m, metaCodeNotStore, nil)
+			} else {
+				c.metaSetAnswer(m, metaCodeStored, strconv.AppendUint(c.scratch[:0], cas, 10))
 			}
-			return true, c.metaSetAnswer(m, metaCodeStored, strconv.AppendUint(c.scratch[:0], cas, 10))
+			return true
 		},
 	}
 }
