@@ -294,14 +294,12 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 		s.metaGot(r, reply, err)
 		return
 	}
+	zoneByZone := p.zoneByZone(s.kind)
 	switch {
-	case p.zoneByZone(s.kind):
+	case zoneByZone:
 		var decided bool
-		if reply, decided, err = s.decide(r, reply, err); !decided || s.retryVivify(reply, err) {
+		if reply, decided, err = s.decide(r, reply, err); !decided {
 			return
-		}
-		if err == nil && p.cfg.ZoneWrites != zoneWritesLocal {
-			s.align(reply)
 		}
 	case len(p.zones) > 1:
 		// s.reqs fills as the command is sent: one request per zone, in
@@ -330,6 +328,9 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 	}
 	if s.retryVivify(reply, err) {
 		return
+	}
+	if zoneByZone && err == nil && p.cfg.ZoneWrites != zoneWritesLocal {
+		s.align(reply) // the other zones follow the one that answered
 	}
 	p.wroteOf(s.ups)
 	switch {
