@@ -14,8 +14,8 @@ const numSteps = int(keyspace.StepWhole) + 1
 // --key-max-client-length bytes. A refused key is counted by its reason.
 func (c *conn) validKey(key []byte) bool {
 	ok, r := c.checkKey(key)
-	if !ok && c.p.keys != nil {
-		c.p.stats.KeyRejected[r&7].Add(1)
+	if !ok {
+		c.countRefused(r)
 	}
 	return ok
 }
@@ -24,10 +24,18 @@ func (c *conn) validKey(key []byte) bool {
 // (flag b) may hold any bytes once decoded.
 func (c *conn) validMetaKey(m *metaReq) bool {
 	ok, r := c.checkMetaKey(m)
-	if !ok && c.p.keys != nil {
-		c.p.stats.KeyRejected[r&7].Add(1)
+	if !ok {
+		c.countRefused(r)
 	}
 	return ok
+}
+
+// countRefused counts a key refused for reason r, as checkKey or
+// checkMetaKey gave it. Without key settings nothing is counted.
+func (c *conn) countRefused(r keyspace.Reason) {
+	if c.p.keys != nil {
+		c.p.stats.KeyRejected[r&7].Add(1)
+	}
 }
 
 // checkMetaKey is validMetaKey without counting a refusal.

@@ -3,6 +3,7 @@ package proxy
 import (
 	"strconv"
 
+	"mcsidecar/keyspace"
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/stats"
 )
@@ -21,10 +22,10 @@ func (lc *loopClient) getAndTouch(id int, words [][]byte) {
 	p := c.p
 	exptime, ok := wire.ParseInt32(words[1])
 	keys := words[2:]
-	bad := len(keys) // the first key refused
+	bad, why := len(keys), keyspace.Reason(0) // the first key refused, and why
 	for i, k := range keys {
-		if ok, _ := c.checkKey(k); !ok {
-			bad = i
+		if ok, r := c.checkKey(k); !ok {
+			bad, why = i, r
 			break
 		}
 	}
@@ -39,14 +40,14 @@ func (lc *loopClient) getAndTouch(id int, words [][]byte) {
 				p.stats.Record(id, stats.OutcomeOK) // memcached answers no keys with END
 				c.wr.Write(wire.LineEnd)
 			default:
-				c.validKey(keys[0]) // counted as refused
+				c.countRefused(why) // keys[0]'s
 				c.clientError(id, wire.LineBadFormat)
 			}
 		})
 		return
 	}
 	if bad < len(keys) {
-		c.validKey(keys[bad]) // counted as refused
+		c.countRefused(why)
 	}
 	keys = keys[:bad]
 	ls := lc.ls

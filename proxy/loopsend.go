@@ -15,9 +15,9 @@ import (
 func (lc *loopClient) retrieve(id int, keys [][]byte) {
 	c := lc.c
 	for _, k := range keys {
-		if ok, _ := c.checkKey(k); !ok {
+		if ok, r := c.checkKey(k); !ok {
 			// Refused whole, as memcached refuses it.
-			lc.local(id, func() { c.checkKeys(id, keys) })
+			lc.local(id, func() { c.refuseKeys(id, r) })
 			return
 		}
 	}

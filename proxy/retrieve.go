@@ -3,8 +3,8 @@ package proxy
 import (
 	"time"
 
+	"mcsidecar/keyspace"
 	"mcsidecar/proxy/internal/wire"
-	"mcsidecar/proxy/stats"
 )
 
 // expiresAtOnce reports whether memcached expires an item given exptime
@@ -13,17 +13,14 @@ func expiresAtOnce(exptime int32) bool {
 	return exptime < 0 || exptime > wire.MaxRelativeTTL && int64(exptime) <= time.Now().Unix()
 }
 
-// checkKeys refuses the whole request, as memcached does, when a key is
-// longer than allowed (memcached's 250 bytes, or --key-max-client-length).
-func (c *conn) checkKeys(id int, keys [][]byte) bool {
-	for _, k := range keys {
-		if !c.validKey(k) {
-			c.p.stats.Record(id, stats.OutcomeClientError)
-			c.reply(wire.LineBadFormat)
-			return false
-		}
-	}
-	return true
+// refuseKeys refuses a whole retrieval, as memcached does, for a key it
+// names that is not taken (memcached's 250 bytes, or with key settings
+// --key-max-client-length and the bytes allowed): the refusal is counted
+// by r, checkKey's reason for the first such key, and answered
+// CLIENT_ERROR.
+func (c *conn) refuseKeys(id int, r keyspace.Reason) {
+	c.countRefused(r)
+	c.clientError(id, wire.LineBadFormat)
 }
 
 // seenScanMax is the most keys a retrieval looks for repeats of by
