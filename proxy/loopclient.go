@@ -546,9 +546,9 @@ func (lc *loopClient) local(id int, run func()) {
 }
 
 // validKey reports whether the loop may take key: one memcached accepts,
-// and, without key settings, one gomemcache would send. Nothing is
-// counted: a key it declines is refused, and counted, by the goroutine
-// path.
+// and, without key settings, one that can go upstream as it is. Nothing is
+// counted: the refusal of a key it declines is (conn.validKey, or
+// refuseKeyCommand).
 func (lc *loopClient) validKey(key []byte) bool {
 	ks := lc.c.p.keys
 	if ks == nil {

@@ -14,12 +14,11 @@ import (
 // enveloped. memcached cannot change an envelope in place, so the item is
 // read (mg), opened, changed by the command's op (see rmw), and written
 // back only if it is unchanged (ms with C), each step a request that
-// continues when memcached answers. A write that lost a race reads again, up to rmwAttempts times:
-// the round trip of the next read spaces the tries, where the goroutine
-// path sleeps a random while. With zones, the zones whose server for the
-// key is not ejected are tried in order until one holds the item, as
-// modifyInZones does, and once the item changed the others drop their
-// copy.
+// continues when memcached answers. A write that lost a race reads again,
+// up to rmwAttempts times: the round trip of the next read spaces the
+// tries. With zones, the zones whose server for the key is not ejected
+// are tried in order until one holds the item, and once the item changed
+// the others drop their copy.
 
 // loopModify is the state of one read-modify-write.
 type loopModify struct {
@@ -204,7 +203,7 @@ func (s *loopSlot) modifyMissing() {
 }
 
 // modifyWriteBack writes the changed value (c.tmp) back if the item is
-// still as it was read, as writeBack does.
+// still as it was read: an ms with the CAS value it was read with.
 func (s *loopSlot) modifyWriteBack() {
 	c := s.client.c
 	mod := s.mod
