@@ -354,7 +354,11 @@ func (lc *loopClient) processHeld() {
 //   - with zones, every request waits for a write tried zone by zone, or
 //     an add to every zone, whose reply comes once the zones are in line;
 //   - with zones, a write waits for a get, gets, gat, gats or mg, which
-//     may yet ask another zone for a key the local one lacks.
+//     may yet ask another zone for a key the local one lacks;
+//   - with zones and writes to every zone, a read waits for a gat, gats or
+//     mg with T, which touches the other zones only once its own reads are
+//     in: sent at once, the read could find a copy there that the touch
+//     would have expired.
 //
 // A request held is parsed again once the client's replies are written.
 func (lc *loopClient) heldBehind(id int) bool {
@@ -373,7 +377,18 @@ func (lc *loopClient) heldBehind(id int) bool {
 	if s := lc.slots[len(lc.slots)-1]; s.pending > 0 && (p.zoneByZone(s.kind) || s.kind == wire.CmdAdd) {
 		return true
 	}
-	if id == wire.CmdGet || id == wire.CmdGets || id == wire.CmdMetaGet || id == wire.CmdVersion {
+	if id == wire.CmdVersion {
+		return false
+	}
+	if id == wire.CmdGet || id == wire.CmdGets || id == wire.CmdMetaGet {
+		if p.cfg.ZoneWrites == zoneWritesLocal {
+			return false
+		}
+		for _, s := range lc.slots {
+			if s.pending > 0 && s.touchesZones() {
+				return true
+			}
+		}
 		return false
 	}
 	for _, s := range lc.slots {

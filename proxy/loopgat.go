@@ -83,6 +83,13 @@ func (lc *loopClient) getAndTouch(id int, words [][]byte) {
 	return
 }
 
+// touchesZones reports whether s may yet give the other zones a new time
+// to live once its reads are in: a gat or gats (see touchOtherZones), or
+// an mg with T (see metaGetDone).
+func (s *loopSlot) touchesZones() bool {
+	return s.touch || s.id == wire.CmdMetaGet && s.meta != nil && s.meta.req.HasTTL
+}
+
 // touchOtherZones touches, with a gat's exptime, each key it found in the
 // zones that did not answer it: a new time to live is a write, as a touch's is, and a copy that outlived it in another
 // zone would answer a later read. The reply waits for the touches.

@@ -323,3 +323,36 @@ func testEventLoopZoneWrites(t *testing.T, writes string) {
 		t.Errorf("%d deletes counted as of damaged items", n)
 	}
 }
+
+// TestZonesReadAfterATouchOfTheOtherZones: a gat, gats or mg with T that
+// finds a key touches its copies in the other zones once its own reads
+// are in. A read the client pipelined after it must not reach those zones
+// first and find a copy the touch would have expired. The first script is
+// what FuzzDifferential found (a miss in the local zone among the gat's
+// keys sends it on to the next zone); the replies must be memcached's.
+func TestZonesReadAfterATouchOfTheOtherZones(t *testing.T) {
+	upZ := []string{startMemcached(t), startMemcached(t)}
+	direct := startMemcached(t)
+	cfg := zonedConfig("a", zoneEntry("a", upZ[:1]), zoneEntry("b", upZ[1:]))
+	cfg.EventLoops = 1
+	_, via := startProxy(t, cfg)
+	long := "k3" + strings.Repeat("x", 240)
+	for _, script := range []string{
+		"get k0\r\nset k0 147 0 33\r\nipwdkryfmtahovcjqxelszgnubipwdkry\r\ngat -1 k1 k2 " + long + " k2 k2 k0\r\n" +
+			"gets k0 k0 k1 " + long + " " + long + " k1\r\nmn\r\n",
+		"set k0 1 0 1\r\nx\r\ngats -1 k1 " + long + " k0\r\nget k0\r\nmg k0 v\r\nmn\r\n",
+		"set k0 1 0 1\r\nx\r\nmg k1 v\r\nmg k0 T-1 v\r\nmg k0 v\r\nget k0\r\nmn\r\n",
+	} {
+		for range 5 {
+			for _, addr := range append([]string{direct}, upZ...) {
+				if r, err := converse(addr, []byte("flush_all\r\n"), 5*time.Second); err != nil || string(r.head) != "OK\r\n" {
+					t.Fatalf("flush_all of %s: %q, %v", addr, r.head, err)
+				}
+			}
+			want := casByOrder(exchange(t, direct, script))
+			if got := casByOrder(exchange(t, via, script)); got != want {
+				t.Fatalf("script %q\nproxy     %q\nmemcached %q", script, got, want)
+			}
+		}
+	}
+}
