@@ -38,15 +38,35 @@ const marker = '~'
 // --key-max-client-length bytes, none of them space, CR, LF or NUL. It
 // allocates nothing.
 func (k *Keyspace) Check(key []byte) (ok bool, reason Reason) {
+	r, _ := k.Inspect(key)
+	return r == ReasonOK, r
+}
+
+// Inspect is Check and NeedsRewrite in one scan of key: why it is refused
+// (ReasonOK when it is not) and, when it is accepted, whether it cannot be
+// sent upstream as it is. A request that looks at both reads each key once.
+func (k *Keyspace) Inspect(key []byte) (reason Reason, rewrite bool) {
 	switch {
 	case len(key) == 0:
-		return false, ReasonEmpty
+		return ReasonEmpty, false
 	case len(key) > k.maxClientLen:
-		return false, ReasonTooLong
-	case hasBadByte(key):
-		return false, ReasonBadByte
+		return ReasonTooLong, false
 	}
-	return true, ReasonOK
+	rewrite = len(key) > k.maxLen
+	b := key
+	for len(b) >= 8 {
+		if w := binary.LittleEndian.Uint64(b); hasLess(w, ' '+1) || hasByte(w, 0x7f) {
+			if badIn(b[:8]) {
+				return ReasonBadByte, false
+			}
+			rewrite = true // a control byte or DEL
+		}
+		b = b[8:]
+	}
+	if badIn(b) {
+		return ReasonBadByte, false
+	}
+	return ReasonOK, rewrite || hasIllegal(b)
 }
 
 // CheckBinary is Check for a key a meta command sent in base64 (flag b),
@@ -90,17 +110,7 @@ func hasLess(w, n uint64) bool { return (w-ones*n)&^w&highs != 0 }
 
 func hasByte(w, c uint64) bool { return hasLess(w^(ones*c), 1) }
 
-// hasBadByte reports whether b holds a byte memcached ends a key at.
-func hasBadByte(b []byte) bool {
-	for len(b) >= 8 {
-		if hasLess(binary.LittleEndian.Uint64(b), ' '+1) && badIn(b[:8]) {
-			return true
-		}
-		b = b[8:]
-	}
-	return badIn(b)
-}
-
+// badIn reports whether b holds a byte memcached ends a key at.
 func badIn(b []byte) bool {
 	for _, c := range b {
 		if c == ' ' || c == '\r' || c == '\n' || c == 0 {

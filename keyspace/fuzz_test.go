@@ -28,7 +28,7 @@ func FuzzRewrite(f *testing.F) {
 			return
 		}
 		for _, k := range ks {
-			k.Check(key)
+			checkInspect(t, k, key)
 			out, step, scheme := k.AppendRewrite(nil, key)
 			checkUpstreamKey(t, k, key, out, step)
 			again, step2, scheme2 := k.AppendRewrite(dst[:0], key)
@@ -91,5 +91,40 @@ func checkTenant(t *testing.T, k *Keyspace, key []byte) {
 	}
 	if _, ok := k.SchemeOf(key); !ok {
 		t.Fatalf("%q: tenant %q for a key no scheme matches", key, tenant)
+	}
+}
+
+// checkInspect fails t unless Inspect answers as a byte-by-byte reading of
+// the rules does, and as Check and NeedsRewrite do.
+func checkInspect(t *testing.T, k *Keyspace, key []byte) {
+	t.Helper()
+	want, rewrite := ReasonOK, len(key) > k.maxLen
+	switch {
+	case len(key) == 0:
+		want = ReasonEmpty
+	case len(key) > k.maxClientLen:
+		want = ReasonTooLong
+	default:
+		for _, c := range key {
+			switch {
+			case c == ' ' || c == '\r' || c == '\n' || c == 0:
+				want = ReasonBadByte
+			case c < ' ' || c == 0x7f:
+				rewrite = true
+			}
+		}
+	}
+	if want != ReasonOK {
+		rewrite = false
+	}
+	r, rw := k.Inspect(key)
+	if r != want || rw != rewrite {
+		t.Fatalf("%q: Inspect says %v, rewrite %v; want %v, %v", key, r, rw, want, rewrite)
+	}
+	if ok, cr := k.Check(key); ok != (r == ReasonOK) || cr != r {
+		t.Fatalf("%q: Check says %v, %v; Inspect %v", key, ok, cr, r)
+	}
+	if r == ReasonOK && k.NeedsRewrite(key) != rw {
+		t.Fatalf("%q: NeedsRewrite says %v; Inspect %v", key, !rw, rw)
 	}
 }

@@ -49,10 +49,26 @@ func (c *conn) checkMetaKey(m *metaReq) (bool, keyspace.Reason) {
 // checkKey is validKey without counting a refusal: whether the proxy takes
 // key, and with key settings why not.
 func (c *conn) checkKey(key []byte) (bool, keyspace.Reason) {
+	k := c.inspect(key)
+	return k.ok, k.reason
+}
+
+// keyCheck is what one scan of a client key finds: whether the proxy takes
+// it, with key settings why not, and whether it goes upstream rewritten.
+type keyCheck struct {
+	ok      bool
+	reason  keyspace.Reason
+	rewrite bool
+}
+
+// inspect scans key once for checkKey and for the rewrite that lookup
+// would otherwise look for again (see resolveChecked).
+func (c *conn) inspect(key []byte) keyCheck {
 	if c.p.keys == nil {
-		return len(key) <= wire.KeyMaxLength, 0
+		return keyCheck{ok: len(key) <= wire.KeyMaxLength}
 	}
-	return c.p.keys.Check(key)
+	r, rewrite := c.p.keys.Inspect(key)
+	return keyCheck{ok: r == keyspace.ReasonOK, reason: r, rewrite: rewrite}
 }
 
 // What a command asks resolve about a key besides its upstream key. A key
@@ -102,9 +118,21 @@ type resolvedKey struct {
 // resolve finds what need asks of key, and its upstream key, from one
 // match against the key schemes at most. A rewrite is counted.
 func (c *conn) resolve(key []byte, need uint8) resolvedKey {
-	r := c.lookup(key, need)
+	return c.resolveChecked(key, need, c.needsRewrite(key))
+}
+
+// resolveChecked is resolve for a key inspect scanned already, which found
+// whether it is rewritten.
+func (c *conn) resolveChecked(key []byte, need uint8, rewrite bool) resolvedKey {
+	r := c.lookupChecked(key, need, rewrite)
 	c.countRewrite(r)
 	return r
+}
+
+// needsRewrite reports whether a key the proxy takes is sent upstream
+// rewritten.
+func (c *conn) needsRewrite(key []byte) bool {
+	return c.p.keys != nil && c.p.keys.NeedsRewrite(key)
 }
 
 // countRewrite counts the rewrite of a key lookup resolved.
@@ -117,9 +145,13 @@ func (c *conn) countRewrite(r resolvedKey) {
 // lookup is resolve without counting the rewrite, for a caller that may
 // still hand the request on to be resolved again.
 func (c *conn) lookup(key []byte, need uint8) resolvedKey {
+	return c.lookupChecked(key, need, c.needsRewrite(key))
+}
+
+// lookupChecked is lookup for a key inspect scanned already.
+func (c *conn) lookupChecked(key []byte, need uint8, rewrite bool) resolvedKey {
 	r := resolvedKey{up: key, ok: true}
 	ks := c.p.keys
-	rewrite := ks != nil && ks.NeedsRewrite(key)
 	postings := need&needPostings != 0 || rewrite
 	if postings && c.p.codec != nil && c.p.codec.PostingsKey(key) {
 		// A --codec-prefixes key is postings-bearing whatever its scheme.

@@ -96,6 +96,9 @@ type loopState struct {
 	// the upstream timeout and the latency histograms are coarser.
 	now      time.Time
 	nowTaken bool
+	// rewrites: whether each key of the retrieval being sent is sent
+	// rewritten, as its one scan found (see retrieve).
+	rewrites []bool
 	// tags numbers the loop's slots (loopSlot.tag).
 	tags uint32
 	// polls counts the polls the loop has handled (see check).

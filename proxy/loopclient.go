@@ -560,23 +560,12 @@ func (lc *loopClient) local(id int, run func()) {
 	lc.slots = append(lc.slots, s)
 }
 
-// validKey reports whether the loop may take key: one memcached accepts,
-// and, without key settings, one that can go upstream as it is. Nothing is
-// counted: the refusal of a key it declines is (conn.validKey, or
-// refuseKeyCommand).
-func (lc *loopClient) validKey(key []byte) bool {
-	ks := lc.c.p.keys
-	if ks == nil {
-		return len(key) <= wire.KeyMaxLength && wire.Forwardable(key)
-	}
-	ok, _ := ks.Check(key)
-	return ok
-}
-
-// rewritten reports whether a valid key is sent upstream rewritten.
-func (lc *loopClient) rewritten(key []byte) bool {
-	ks := lc.c.p.keys
-	return ks != nil && ks.NeedsRewrite(key)
+// takes reports whether the loop may take key, as inspect found it: one
+// memcached accepts, and, without key settings, one that can go upstream
+// as it is. Nothing is counted: the refusal of a key it declines is
+// (conn.countRefused, or refuseKeyCommand).
+func (lc *loopClient) takes(key []byte, kc keyCheck) bool {
+	return kc.ok && (lc.c.p.keys != nil || wire.Forwardable(key))
 }
 
 // closed ends a client on its loop: the replies it is still owed are

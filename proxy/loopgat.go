@@ -23,12 +23,16 @@ func (lc *loopClient) getAndTouch(id int, words [][]byte) {
 	exptime, ok := wire.ParseInt32(words[1])
 	keys := words[2:]
 	bad, why := len(keys), keyspace.Reason(0) // the first key refused, and why
+	rewrites := lc.ls.rewrites[:0]            // as in retrieve
 	for i, k := range keys {
-		if ok, r := c.checkKey(k); !ok {
-			bad, why = i, r
+		kc := c.inspect(k)
+		if !kc.ok {
+			bad, why = i, kc.reason
 			break
 		}
+		rewrites = append(rewrites, kc.rewrite)
 	}
+	lc.ls.rewrites = rewrites
 	if !ok || bad == 0 {
 		// Refused, or with no key at all, answered before memcached is
 		// asked anything, in its place.
@@ -62,7 +66,7 @@ func (lc *loopClient) getAndTouch(id int, words [][]byte) {
 	var run stats.TenantRun
 	defer run.End()
 	for i, k := range keys {
-		rk := c.resolve(k, needTenant)
+		rk := c.resolveChecked(k, needTenant, rewrites[i])
 		if p.tier != nil {
 			p.tier.Delete(string(rk.up))
 		}

@@ -14,16 +14,22 @@ import (
 // per server.
 func (lc *loopClient) retrieve(id int, keys [][]byte) {
 	c := lc.c
+	ls := lc.ls
+	// Each key is scanned once, for what memcached takes and for what
+	// is sent upstream rewritten.
+	rewrites := ls.rewrites[:0]
 	for _, k := range keys {
-		if ok, r := c.checkKey(k); !ok {
+		kc := c.inspect(k)
+		if !kc.ok {
 			// Refused whole, as memcached refuses it.
-			lc.local(id, func() { c.refuseKeys(id, r) })
+			lc.local(id, func() { c.refuseKeys(id, kc.reason) })
 			return
 		}
+		rewrites = append(rewrites, kc.rewrite)
 	}
+	ls.rewrites = rewrites
 	p := c.p
 	up := p.zones[0].up.Load()
-	ls := lc.ls
 	s := ls.slot(lc, id)
 	lc.charge(s, lc.estimate(len(keys)))
 	need := needTenant
@@ -35,7 +41,7 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) {
 	var run stats.TenantRun
 	defer run.End()
 	for i, k := range keys {
-		rk := c.resolve(k, need)
+		rk := c.resolveChecked(k, need, rewrites[i])
 		o, first := s.owner(k, i, len(keys), rk, &run)
 		o.immutable = rk.immutable
 		if rk.immutable {
@@ -179,11 +185,12 @@ var retrievalVerbs = [wire.NumCommands]string{wire.CmdGet: "get", wire.CmdGets: 
 func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) int {
 	c := lc.c
 	a := wire.ParseStoreArgs(words, id == wire.CmdCas)
-	if !a.ArgsOK || !lc.validKey(a.Key) {
+	kc := c.inspect(a.Key)
+	if !a.ArgsOK || !lc.takes(a.Key, kc) {
 		// Refused: its block, when the line names a usable length, is
 		// dropped as it comes.
-		if a.ArgsOK && c.p.keys != nil {
-			c.validKey(a.Key) // counted as refused
+		if a.ArgsOK && !kc.ok {
+			c.countRefused(kc.reason)
 		}
 		c.p.stats.CmdSet.Add(1)
 		lc.refuse(id, a.Noreply, wire.LineBadFormat)
@@ -199,7 +206,7 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) in
 	}
 	// A value under a rewritten key is always enveloped, bound to the
 	// client key: another key may meet it upstream.
-	enveloped := c.envelopes(a.Key, envFlags) || lc.rewritten(a.Key)
+	enveloped := c.envelopes(a.Key, envFlags) || kc.rewrite
 	limit := int(c.p.cfg.MaxItemSize)
 	if enveloped {
 		limit = c.p.cfg.maxValueSize()
@@ -207,13 +214,13 @@ func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) in
 	total := lineLen + a.Vlen + 2
 	if a.Vlen > limit {
 		// Refused before its block is read, which is dropped as it comes.
-		lc.tooLarge(id, a, c.lookup(a.Key, needTenant))
+		lc.tooLarge(id, a, c.lookupChecked(a.Key, needTenant, kc.rewrite))
 		return lc.dropBlock(total, data)
 	}
 	if n, whole := lc.awaitBlock(total, data); !whole {
 		return n
 	}
-	rk := c.lookup(a.Key, needTenant|postingsIf(enveloped))
+	rk := c.lookupChecked(a.Key, needTenant|postingsIf(enveloped), kc.rewrite)
 	if !bytes.HasSuffix(data[:total], wire.CRLF) {
 		lc.countStore(rk)
 		lc.refuse(id, a.Noreply, wire.LineBadChunk)
@@ -327,7 +334,8 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) {
 	var delta uint64
 	// A request refused before memcached is asked anything (a key or
 	// an argument the proxy does not take) is answered in its place.
-	local := !lc.validKey(key)
+	kc := lc.c.inspect(key)
+	local := !lc.takes(key, kc)
 	switch id {
 	case wire.CmdDelete:
 		local = local || !deleteForm(w)
@@ -341,10 +349,10 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) {
 		var ok bool
 		if delta, ok = wire.ParseUint64(w[2]); !ok {
 			local = true
-		} else if enveloped := lc.c.envelopes(key, 0); !local && (enveloped || lc.rewritten(key)) {
+		} else if enveloped := lc.c.envelopes(key, 0); !local && (enveloped || kc.rewrite) {
 			// The number of an enveloped value is changed by a
 			// read-modify-write (see modify).
-			rk := lc.c.resolve(key, postingsIf(enveloped))
+			rk := lc.c.resolveChecked(key, postingsIf(enveloped), kc.rewrite)
 			incr := id == wire.CmdIncr
 			lc.modify(id, key, rk, noreply, nil, nil, func(c *conn, _ []byte) rmw { return c.arithOp(id, incr, delta) })
 			return
@@ -354,7 +362,7 @@ func (lc *loopClient) keyCommand(id int, w [][]byte) {
 		lc.local(id, func() { lc.c.refuseKeyCommand(id, w) })
 		return
 	}
-	up := lc.c.resolve(key, 0).up
+	up := lc.c.resolveChecked(key, 0, kc.rewrite).up
 	lc.command(id, up, noreply, loopWrite{}, func(out []byte, tag uint32) []byte {
 		if id == wire.CmdIncr || id == wire.CmdDecr {
 			return wire.AppendArith(out, id == wire.CmdIncr, up, delta, tag)
