@@ -126,7 +126,7 @@ func (c *conn) replyNumber(n uint64) {
 }
 
 // appendValueHeader appends "VALUE <key> <flags> <bytes>[ <cas>]\r\n".
-func appendValueHeader(b []byte, key string, flags uint32, size int, cas uint64, withCAS bool) []byte {
+func appendValueHeader(b []byte, key []byte, flags uint32, size int, cas uint64, withCAS bool) []byte {
 	b = append(b, wire.LineValue...)
 	b = append(b, key...)
 	b = append(b, ' ')

@@ -548,7 +548,7 @@ func (s *loopSlot) open(i int, o *loopOwner) bool {
 	start := len(s.arena)
 	n, flags, ok := p.codec.DecodedLen(o.flags, stored)
 	if ok {
-		s.arena = appendValueHeader(s.arena, string(key), flags, n, o.cas, s.id == wire.CmdGets || s.id == wire.CmdGats)
+		s.arena = appendValueHeader(s.arena, key, flags, n, o.cas, s.id == wire.CmdGets || s.id == wire.CmdGats)
 	}
 	at := len(s.arena)
 	out, decFlags, inPlace, err := p.codec.AppendDecodeInPlace(s.arena, key, o.bound, o.flags, stored)
@@ -622,7 +622,7 @@ func (s *loopSlot) keep(i int, o *loopOwner, key []byte, flags uint32, v []byte)
 // inArena writes o's VALUE block anew into the slot's arena.
 func (s *loopSlot) inArena(o *loopOwner, key []byte, flags uint32, v []byte, cas uint64, withCAS bool) {
 	o.arenaStart = len(s.arena)
-	s.arena = appendValueHeader(s.arena, string(key), flags, len(v), cas, withCAS)
+	s.arena = appendValueHeader(s.arena, key, flags, len(v), cas, withCAS)
 	s.arena = append(s.arena, v...)
 	s.arena = append(s.arena, wire.CRLF...)
 	o.arenaEnd = len(s.arena)

@@ -93,7 +93,7 @@ func FuzzLoopReplyScan(f *testing.F) {
 					t.Fatalf("header %q accepted with key %q", data[:i+1], key)
 				}
 				withCAS := bytes.Count(data[:i], []byte{' '}) == 4
-				again := appendValueHeader(nil, string(key), flags, size, cas, withCAS)
+				again := appendValueHeader(nil, key, flags, size, cas, withCAS)
 				k2, f2, s2, c2, ok2 := wire.ParseValueLine(again)
 				if !ok2 || !bytes.Equal(k2, key) || f2 != flags || s2 != size || c2 != cas {
 					t.Fatalf("header %q parsed as %q %d %d %d, written back as %q", data[:i+1], key, flags, size, cas, again)
