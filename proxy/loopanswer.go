@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math/bits"
+	"runtime"
 	"slices"
 	"time"
 
@@ -255,7 +256,7 @@ func (s *loopSlot) finish() {
 		if need >= loopOpenAsideMin && s.client.ls.l.aside(s) {
 			return // opened on a worker, which has the loop complete it
 		}
-		s.openAll()
+		s.openAll(false)
 	}
 	s.complete()
 }
@@ -511,11 +512,21 @@ func (s *loopSlot) openNeed() int {
 // for all of them (it would move as it grew): they are pointed at once all
 // are in. It touches no state of the loop but the slot's, and the
 // counters and the local tier, which take writes from any goroutine: it
-// may run on a worker (see eventLoops.aside).
-func (s *loopSlot) openAll() {
+// may run on a worker (see eventLoops.aside), which yields as it goes.
+func (s *loopSlot) openAll(aside bool) {
+	done := 0
 	for i := range s.owners {
-		if o := &s.owners[i]; s.rewritten(o) && !s.open(i, o) {
+		o := &s.owners[i]
+		if !s.rewritten(o) {
+			continue
+		}
+		at := len(s.arena)
+		if !s.open(i, o) {
 			o.block = nil
+		}
+		if done += o.size + len(s.arena) - at; aside && done >= asideYieldBytes {
+			done = 0
+			runtime.Gosched()
 		}
 	}
 }

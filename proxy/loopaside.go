@@ -15,6 +15,13 @@ import (
 // replies are written in request order all the same, since a reply is
 // written only once those before it are.
 
+// asideYieldBytes is how much a worker opens between two yields to the Go
+// scheduler. The workers are as many as the processors: without yielding,
+// a loop back from epoll_wait with every P taken by a worker waits for one
+// until the scheduler preempts it, 10 ms later, and so does every client
+// of the loop. Opening 64 KB takes tens of microseconds.
+const asideYieldBytes = 64 << 10
+
 // loopOpenAsideMin is the arena bytes a retrieval's hits need at least to
 // be opened aside: below it, handing the work to a worker and waking the
 // loop after cost more than the work. A 100-key get of Mimir's own "dm"
@@ -50,7 +57,7 @@ func (o *openers) stop() {
 func (o *openers) run() {
 	defer o.wg.Done()
 	for s := range o.work {
-		s.openAll()
+		s.openAll(true)
 		ls := s.client.ls
 		// A loop that stopped meanwhile drops the slot with its client.
 		ls.el.Execute(func() {
