@@ -13,6 +13,7 @@ import (
 	"mcsidecar/keyspace"
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/upstream"
+	"mcsidecar/proxy/zones"
 )
 
 // Config is everything the proxy needs to listen and reach its upstreams.
@@ -117,7 +118,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&c.Upstreams, "upstream", []string{"127.0.0.1:11211"}, "memcached servers, repeatable or comma-separated: host:port, unix:/path, dns+host:port (every A/AAAA record), dnssrv+_service._proto.name (SRV targets' addresses) or dnssrvnoa+_service._proto.name (SRV targets as named)")
 	fs.StringVar(&c.Zone, "zone", "", "the availability zone this sidecar serves, one of the --upstream-zone names: reads go to its servers first, then to the other zones in the order given")
 	fs.StringArrayVar(&c.ZoneUpstreams, "upstream-zone", nil, "NAME=ENTRY[,ENTRY…], repeatable: the memcached servers of one zone, entries as in --upstream; given instead of --upstream, with --zone")
-	fs.StringVar(&c.ZoneWrites, "zone-writes", zoneWritesAll, "with zones: all (storage commands, delete, touch and flush_all reach every zone; the local zone's reply answers) or local (writes reach the local zone only)")
+	fs.StringVar(&c.ZoneWrites, "zone-writes", zones.WritesAll, "with zones: all (storage commands, delete, touch and flush_all reach every zone; the local zone's reply answers) or local (writes reach the local zone only)")
 	fs.BoolVar(&c.ZoneFill, "zone-fill", true, "with zones: store a hit found in another zone into the local zone, with its remaining time to live (an add: a newer local value is kept)")
 	fs.StringVar(&c.Selector, "upstream-selector", upstream.SelectJump, "server selection: jump (dskit's jump hash over xxhash64, as Mimir and Thanos clients pick) or ketama (libmemcached/twemproxy continuum, MD5)")
 	fs.DurationVar(&c.Timeout, "upstream-timeout", 200*time.Millisecond, "read/write timeout of one upstream request")
@@ -158,7 +159,7 @@ func (c *Config) Validate() error {
 	if c.Listen == "" {
 		return errors.New("--listen is empty: want host:port or unix:/path")
 	}
-	zones, err := c.zoneSpecs()
+	specs, err := c.zoneSpecs()
 	if err != nil {
 		return err
 	}
@@ -180,8 +181,8 @@ func (c *Config) Validate() error {
 		return errors.New("--upstream-retry-interval must be positive")
 	case c.DNSInterval <= 0 && c.discovers():
 		return errors.New("--upstream-dns-interval must be positive")
-	case c.ZoneWrites != "" && c.ZoneWrites != zoneWritesAll && c.ZoneWrites != zoneWritesLocal:
-		return fmt.Errorf("--zone-writes %q: must be %s or %s", c.ZoneWrites, zoneWritesAll, zoneWritesLocal)
+	case c.ZoneWrites != "" && c.ZoneWrites != zones.WritesAll && c.ZoneWrites != zones.WritesLocal:
+		return fmt.Errorf("--zone-writes %q: must be %s or %s", c.ZoneWrites, zones.WritesAll, zones.WritesLocal)
 	case c.RetrievalFailure != failureMiss && c.RetrievalFailure != failureError:
 		return fmt.Errorf("--upstream-retrieval-failure %q: must be %s or %s", c.RetrievalFailure, failureMiss, failureError)
 	case c.MaxItemSize < 1 || c.MaxItemSize > maxSize:
@@ -222,8 +223,8 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if t := c.UpstreamTLS; t.Enabled && t.ServerName == "" && !t.InsecureSkipVerify {
-		for _, z := range zones {
-			for _, u := range z.entries {
+		for _, z := range specs {
+			for _, u := range z.Entries {
 				if _, unix := cutUnix(u); unix {
 					return fmt.Errorf("--upstream %s: a unix socket has no host name to check a TLS certificate against: set --upstream-tls-server-name", u)
 				}
@@ -323,4 +324,9 @@ func (b *ByteSize) Set(s string) error {
 	}
 	*b = ByteSize(n * mult)
 	return nil
+}
+
+// zoneSpecs returns the zones the flags configure (see zones.Specs).
+func (c *Config) zoneSpecs() ([]zones.Spec, error) {
+	return zones.Specs(c.Upstreams, c.ZoneUpstreams, c.Zone)
 }

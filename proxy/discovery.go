@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"mcsidecar/proxy/upstream"
+	"mcsidecar/proxy/zones"
 )
 
 // Resolver looks up the addresses behind dns+, dnssrv+ and dnssrvnoa+
@@ -16,9 +17,9 @@ type Resolver = upstream.Resolver
 
 // discovers reports whether any upstream entry is looked up in DNS.
 func (c *Config) discovers() bool {
-	zones, _ := c.zoneSpecs()
-	for _, z := range zones {
-		for _, s := range z.entries {
+	specs, _ := c.zoneSpecs()
+	for _, z := range specs {
+		for _, s := range z.Entries {
 			if e, err := upstream.ParseEntry(s); err == nil && !e.Static() {
 				return true
 			}
@@ -28,7 +29,7 @@ func (c *Config) discovers() bool {
 }
 
 // upstreams returns the current server set of the local zone.
-func (p *Proxy) upstreams() *upstream.Set { return p.zones[0].up.Load() }
+func (p *Proxy) upstreams() *upstream.Set { return p.zones[0].Up.Load() }
 
 // newUpstreams builds the set of servers named, keeping those of old that
 // are still named, with their pools and health. It returns the servers of
@@ -118,14 +119,14 @@ func (p *Proxy) discover(ctx context.Context) {
 // rediscover looks zone z's entries up once and swaps in its new set when
 // it differs. It returns the servers removed, and whether the lookup
 // worked; failing says it did not last time.
-func (p *Proxy) rediscover(ctx context.Context, z *zone, failing bool) ([]*upstream.Server, bool) {
+func (p *Proxy) rediscover(ctx context.Context, z *zones.Zone, failing bool) ([]*upstream.Server, bool) {
 	lctx, cancel := context.WithTimeout(ctx, min(p.cfg.DNSInterval, upstream.LookupTimeout))
-	names, err := upstream.Resolve(lctx, p.resolver(), z.entries)
+	names, err := upstream.Resolve(lctx, p.resolver(), z.Entries)
 	cancel()
 	if ctx.Err() != nil {
 		return nil, false
 	}
-	old := z.up.Load()
+	old := z.Up.Load()
 	var u *upstream.Set
 	var removed []*upstream.Server
 	if err == nil && !slices.Equal(upstream.OrderServers(names), old.Names) {
@@ -134,8 +135,8 @@ func (p *Proxy) rediscover(ctx context.Context, z *zone, failing bool) ([]*upstr
 		u, removed, err = p.newUpstreams(names, old)
 	}
 	log := p.log
-	if z.name != "" {
-		log = log.With("zone", z.name)
+	if z.Name != "" {
+		log = log.With("zone", z.Name)
 	}
 	if err != nil {
 		if !failing {
@@ -147,7 +148,7 @@ func (p *Proxy) rediscover(ctx context.Context, z *zone, failing bool) ([]*upstr
 		log.Info("upstream lookup works again")
 	}
 	if u != nil {
-		z.up.Store(u)
+		z.Up.Store(u)
 		log.Info("upstream servers changed", "servers", u.Names, "removed", len(removed))
 	}
 	return removed, true

@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"io"
+	"mcsidecar/proxy/zones"
 	"strings"
 	"testing"
 	"time"
@@ -31,7 +32,7 @@ func zoneRaceSidecar(t *testing.T, eventLoops int, a, b string) (string, func(n 
 	settled := func(n int) bool {
 		return waitFor(5*time.Second, func() bool {
 			sum := 0.0
-			for _, r := range fillResultNames {
+			for _, r := range zones.FillResultNames {
 				sum += counterWith(t, reg, "mcsidecar_zone_fills_total", "result", r)
 			}
 			return sum >= float64(n)

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"mcsidecar/codec"
+	"mcsidecar/proxy/zones"
 )
 
 // tierTestSize is the local tier's size in the tests: far more than they
@@ -669,14 +670,14 @@ func TestLocalTierOffChangesNothing(t *testing.T) {
 
 func TestLocalTierWithZones(t *testing.T) {
 	za, zb := startZone(t, 1), startZone(t, 1)
-	zones := []string{zoneEntry("a", za), zoneEntry("b", zb)}
-	cfgA := zonedConfig("a", zones...)
+	entries := []string{zoneEntry("a", za), zoneEntry("b", zb)}
+	cfgA := zonedConfig("a", entries...)
 	cfgA.Codec, cfgA.Keys, cfgA.LocalCacheSize = codecConfig(), keysConfig(), tierTestSize
 	p, addrA := startProxy(t, cfgA)
 	reg := registry(t, p)
 	// Zone b's sidecar writes to its own zone only.
-	cfgB := zonedConfig("b", zones...)
-	cfgB.Codec, cfgB.Keys, cfgB.ZoneWrites = codecConfig(), keysConfig(), zoneWritesLocal
+	cfgB := zonedConfig("b", entries...)
+	cfgB.Codec, cfgB.Keys, cfgB.ZoneWrites = codecConfig(), keysConfig(), zones.WritesLocal
 	_, addrB := startProxy(t, cfgB)
 	a, b := newLineClient(t, addrA), newLineClient(t, addrB)
 	da, db := newLineClient(t, za[0]), newLineClient(t, zb[0])

@@ -14,6 +14,7 @@ import (
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
+	"mcsidecar/proxy/zones"
 )
 
 // loopSlot is one reply owed to a client: ready when no request of it is
@@ -319,7 +320,7 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 		}
 		for z, q := range s.reqs {
 			if writeFailed(q.buf, q.err) {
-				p.zones[z].writeFailures.Add(1)
+				p.zones[z].WriteFailures.Add(1)
 			}
 		}
 		reply, err = answer.buf, answer.err
@@ -330,7 +331,7 @@ func (s *loopSlot) stored(r *loopReq, reply []byte, err error) {
 	if s.retryVivify(reply, err) {
 		return
 	}
-	if zoneByZone && err == nil && p.cfg.ZoneWrites != zoneWritesLocal {
+	if zoneByZone && err == nil && p.cfg.ZoneWrites != zones.WritesLocal {
 		s.align(reply) // the other zones follow the one that answered
 	}
 	p.wroteOf(s.ups)
@@ -644,7 +645,7 @@ func (s *loopSlot) inArena(o *loopOwner, key []byte, flags uint32, v []byte, cas
 // a client that saw the miss never finds the item still there.
 func (s *loopSlot) deleteCorrupt(zone int, key []byte) {
 	lc := s.client
-	u := lc.ls.upstreamOf(lc.c.p.zones[zone].up.Load(), key)
+	u := lc.ls.upstreamOf(lc.c.p.zones[zone].Up.Load(), key)
 	if !u.queueDropped(s, dropCorrupt, zone, wire.ReplyDelete) {
 		return // its server is ejected
 	}

@@ -12,6 +12,7 @@ import (
 	"mcsidecar/proxy/internal/chunks"
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/stats"
+	"mcsidecar/proxy/zones"
 )
 
 // loopClient is one client connection on a loop.
@@ -381,7 +382,7 @@ func (lc *loopClient) heldBehind(id int) bool {
 		return false
 	}
 	if id == wire.CmdGet || id == wire.CmdGets || id == wire.CmdMetaGet {
-		if p.cfg.ZoneWrites == zoneWritesLocal {
+		if p.cfg.ZoneWrites == zones.WritesLocal {
 			return false
 		}
 		for _, s := range lc.slots {

@@ -7,6 +7,7 @@ import (
 
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/stats"
+	"mcsidecar/proxy/zones"
 )
 
 // flushAll sends flush_all, with the client's delay, to every server of
@@ -36,7 +37,7 @@ func (lc *loopClient) flushAll(w [][]byte) {
 	lc.slots = append(lc.slots, s)
 	s.pending = 1 // until every request is sent: one may fail at once
 	for z, zone := range p.flushZones() {
-		for _, srv := range zone.up.Load().Servers {
+		for _, srv := range zone.Up.Load().Servers {
 			u := lc.ls.upstream(srv)
 			r := lc.ls.req(s)
 			r.store, r.srv, r.zone, r.expect = true, srv, z, wire.ReplyOK
@@ -76,7 +77,7 @@ func (s *loopSlot) flushedOne(r *loopReq, reply []byte, err error) {
 	answer := -1
 	for z, f := range failed {
 		if f != nil && len(p.zones) > 1 {
-			p.zones[z].writeFailures.Add(1)
+			p.zones[z].WriteFailures.Add(1)
 		}
 		if f == nil && answer < 0 {
 			answer = z
@@ -104,8 +105,8 @@ func (s *loopSlot) flushedOne(r *loopReq, reply []byte, err error) {
 
 // flushZones are the zones flush_all reaches: every zone, or the local
 // one only with --zone-writes=local.
-func (p *Proxy) flushZones() []*zone {
-	if p.cfg.ZoneWrites == zoneWritesLocal {
+func (p *Proxy) flushZones() []*zones.Zone {
+	if p.cfg.ZoneWrites == zones.WritesLocal {
 		return p.zones[:1]
 	}
 	return p.zones

@@ -6,6 +6,7 @@ import (
 	"mcsidecar/keyspace"
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/stats"
+	"mcsidecar/proxy/zones"
 )
 
 // getAndTouch sends a gat or gats (words: the verb, the new exptime, the
@@ -60,7 +61,7 @@ func (lc *loopClient) getAndTouch(id int, words [][]byte) {
 	s.refuse = bad < len(words)-2
 	s.expireNow = expiresAtOnce(exptime)
 	lc.charge(s, lc.estimate(len(keys)))
-	up := p.zones[0].up.Load()
+	up := p.zones[0].Up.Load()
 	var ups [4]*loopUpstream
 	reqUps := ups[:0]
 	var run stats.TenantRun
@@ -99,7 +100,7 @@ func (s *loopSlot) touchesZones() bool {
 // zone would answer a later read. The reply waits for the touches.
 func (s *loopSlot) touchOtherZones() {
 	p := s.client.c.p
-	if !s.touch || len(p.zones) < 2 || p.cfg.ZoneWrites == zoneWritesLocal {
+	if !s.touch || len(p.zones) < 2 || p.cfg.ZoneWrites == zones.WritesLocal {
 		return
 	}
 	exptime := strconv.AppendInt(nil, int64(s.exptime), 10)
@@ -114,7 +115,7 @@ func (s *loopSlot) touchOtherZones() {
 			if z == o.zone {
 				continue
 			}
-			u := s.client.ls.upstreamOf(p.zones[z].up.Load(), key)
+			u := s.client.ls.upstreamOf(p.zones[z].Up.Load(), key)
 			if u.queueDropped(s, dropAlign, z, wire.ReplyOf(req)) {
 				u.out = append(u.out, req...)
 			}

@@ -7,6 +7,7 @@ import (
 	"mcsidecar/proxy/internal/writeguard"
 	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
+	"mcsidecar/proxy/zones"
 )
 
 // mg on the loop. It asks the key's server in the local zone and, while
@@ -162,7 +163,7 @@ func (s *loopSlot) metaGetDone(reply []byte, err error, srv *upstream.Server, fr
 	if hit != nil && from > 0 && p.cfg.ZoneFill {
 		s.metaFill(hit, value, storedFlags)
 	}
-	if hit != nil && m.HasTTL && len(p.zones) > 1 && p.cfg.ZoneWrites != zoneWritesLocal {
+	if hit != nil && m.HasTTL && len(p.zones) > 1 && p.cfg.ZoneWrites != zones.WritesLocal {
 		// The other zones get the new time to live, as for gat, by an
 		// mg with T: the key in its wire form (base64 with b).
 		req := appendMetaFlag(appendMetaHead(s.keys[:0], "mg ", string(s.ups), m.WireBin), 'T', int64(m.TTL))
@@ -186,10 +187,10 @@ func (s *loopSlot) metaFill(hit *metaReply, stored []byte, storedFlags uint32) {
 	}
 	key := s.ups
 	if p.guard.WroteSince(key, lm.noted) {
-		p.fills[fillDropped].Add(1)
+		p.fills[zones.FillDropped].Add(1)
 		return
 	}
-	u := s.client.ls.upstreamOf(p.zones[0].up.Load(), key)
+	u := s.client.ls.upstreamOf(p.zones[0].Up.Load(), key)
 	r := u.dropReq(dropFill, 0, wire.ReplyMetaSet)
 	r.key, r.gen = append(r.key, key...), lm.noted
 	if !u.pushDropped(nil, r) {

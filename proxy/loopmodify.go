@@ -7,6 +7,7 @@ import (
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
+	"mcsidecar/proxy/zones"
 )
 
 // A read-modify-write of an enveloped item on the loop: append, prepend,
@@ -74,7 +75,7 @@ func (lc *loopClient) modify(id int, key []byte, rk resolvedKey, noreply bool, l
 	c.lastCmd.Store(s.began.UnixNano())
 	p.writingOf(rk.up)
 	for z, zone := range p.zones {
-		if !zone.up.Load().Servers[zone.up.Load().Pick(string(rk.up), p.cfg.EjectRehash)].Ejected() {
+		if !zone.Up.Load().Servers[zone.Up.Load().Pick(string(rk.up), p.cfg.EjectRehash)].Ejected() {
 			mod.zones = append(mod.zones, z)
 		}
 	}
@@ -305,7 +306,7 @@ func (s *loopSlot) modifyEnd() {
 	}
 	mod.step = 0xff
 	p := s.client.c.p
-	if mod.changed && len(p.zones) > 1 && p.cfg.ZoneWrites != zoneWritesLocal {
+	if mod.changed && len(p.zones) > 1 && p.cfg.ZoneWrites != zones.WritesLocal {
 		s.keys = appendKeyCommand(s.keys[:0], "delete ", string(s.ups), nil)
 		s.alignAll(s.keys)
 	}

@@ -29,7 +29,7 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) {
 	}
 	ls.rewrites = rewrites
 	p := c.p
-	up := p.zones[0].up.Load()
+	up := p.zones[0].Up.Load()
 	s := ls.slot(lc, id)
 	lc.charge(s, lc.estimate(len(keys)))
 	need := needTenant
@@ -409,7 +409,7 @@ func (lc *loopClient) commandAs(id, kind int, lm *loopMeta, key []byte, noreply 
 	s.pending = len(p.zones)
 	var req []byte // the request, as built for the first zone that takes it
 	for _, z := range p.zones {
-		u := lc.ls.upstreamOf(z.up.Load(), key)
+		u := lc.ls.upstreamOf(z.Up.Load(), key)
 		r := lc.ls.req(s)
 		r.store, r.srv, r.expect = true, u.srv, cmdReplies[id]
 		s.reqs = append(s.reqs, r)

@@ -11,6 +11,7 @@ import (
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
+	"mcsidecar/proxy/zones"
 )
 
 // loopUpstream is one loop's connection to one server.
@@ -361,15 +362,15 @@ func (p *Proxy) countDropped(r *loopReq, reply []byte, err error) {
 			p.stats.CodecDeleted.Add(1)
 		}
 	case dropFill:
-		result := fillNotStored
+		result := zones.FillNotStored
 		switch {
 		case err != nil:
-			result = fillFailed
+			result = zones.FillFailed
 		case bytes.Equal(reply, wire.LineStored), bytes.HasPrefix(reply, metaCodeStored): // add's, or an mg fill's ms
-			result = fillStored
+			result = zones.FillStored
 		}
-		if mayHaveStored(result) && p.guard.WroteSince(r.key, r.gen) {
-			r.undo, result = true, fillDropped // see dropped
+		if zones.MayHaveStored(result) && p.guard.WroteSince(r.key, r.gen) {
+			r.undo, result = true, zones.FillDropped // see dropped
 		}
 		p.fills[result].Add(1)
 	case dropUnfill:
@@ -382,7 +383,7 @@ func (p *Proxy) countDropped(r *loopReq, reply []byte, err error) {
 			r.srv.CountServerError()
 		}
 		if r.drop == dropAlign && writeFailed(reply, err) {
-			p.zones[r.zone].writeFailures.Add(1)
+			p.zones[r.zone].WriteFailures.Add(1)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/stats"
+	"mcsidecar/proxy/zones"
 )
 
 // zoneByZone reports whether write id tries the zones in turn (see
@@ -18,7 +19,7 @@ func (p *Proxy) zoneByZone(id int) bool {
 	if len(p.zones) == 1 {
 		return false
 	}
-	if p.cfg.ZoneWrites == zoneWritesLocal {
+	if p.cfg.ZoneWrites == zones.WritesLocal {
 		return true
 	}
 	switch id {
@@ -37,7 +38,7 @@ func (s *loopSlot) tryZone(z int) { s.sendKept(z, cmdReplies[s.id]) }
 // family expect, to its key's server in zone z.
 func (s *loopSlot) sendKept(z int, expect wire.Reply) {
 	ls := s.client.ls
-	u := ls.upstreamOf(s.client.c.p.zones[z].up.Load(), s.ups)
+	u := ls.upstreamOf(s.client.c.p.zones[z].Up.Load(), s.ups)
 	r := ls.req(s)
 	r.store, r.srv, r.expect = true, u.srv, expect
 	s.reqs = append(s.reqs, r)
@@ -63,10 +64,10 @@ func (s *loopSlot) decide(r *loopReq, reply []byte, err error) (answer []byte, d
 		if err == nil {
 			return r.buf, true, nil
 		}
-		p.zones[z].writeFailures.Add(1)
+		p.zones[z].WriteFailures.Add(1)
 	} else {
 		if writeFailed(reply, err) {
-			p.zones[z].writeFailures.Add(1)
+			p.zones[z].WriteFailures.Add(1)
 		}
 		if err == nil {
 			switch stats.ReplyOutcome(reply) {
@@ -168,7 +169,7 @@ func (s *loopSlot) alignAll(req []byte) {
 // counting a failure against the zone when count says so. The slot's
 // reply waits for it: a client told a write took finds no older copy in any zone.
 func (s *loopSlot) alignZone(z int, req []byte, count bool) {
-	u := s.client.ls.upstreamOf(s.client.c.p.zones[z].up.Load(), s.ups)
+	u := s.client.ls.upstreamOf(s.client.c.p.zones[z].Up.Load(), s.ups)
 	kind := uint8(dropUndo)
 	if count {
 		kind = dropAlign
@@ -194,7 +195,7 @@ func (s *loopSlot) askNextZone() bool {
 		return false
 	}
 	ls := s.client.ls
-	up := p.zones[z].up.Load()
+	up := p.zones[z].Up.Load()
 	start := len(s.reqs)
 	var ups [4]*loopUpstream
 	reqUps := ups[:0]
@@ -233,10 +234,10 @@ func (s *loopSlot) countZoneReads() {
 			}
 		}
 	}
-	zone.reads[zoneHit].Add(hits)
-	zone.reads[zoneMiss].Add(misses)
-	zone.reads[zoneError].Add(errs)
-	zone.readBytes.Add(size)
+	zone.Reads[zones.Hit].Add(hits)
+	zone.Reads[zones.Miss].Add(misses)
+	zone.Reads[zones.Error].Add(errs)
+	zone.ReadBytes.Add(size)
 }
 
 // fill stores the hits that other zones answered into the local zone, as
@@ -251,7 +252,7 @@ func (s *loopSlot) fill() {
 		return
 	}
 	ls := s.client.ls
-	up := p.zones[0].up.Load()
+	up := p.zones[0].Up.Load()
 	for i := range s.owners {
 		o := &s.owners[i]
 		if o.first != 0 || o.zone == 0 || o.block == nil || o.ttl == 0 {
@@ -259,7 +260,7 @@ func (s *loopSlot) fill() {
 		}
 		key := s.upKey(i)
 		if p.guard.WroteSince(key, o.gen) {
-			p.fills[fillDropped].Add(1)
+			p.fills[zones.FillDropped].Add(1)
 			continue
 		}
 		u := ls.upstreamOf(up, key)

@@ -10,6 +10,7 @@ import (
 
 	"mcsidecar/codec"
 	"mcsidecar/keyspace"
+	"mcsidecar/proxy/zones"
 )
 
 // TestEventLoopServesZones checks that zones stay on the loop: a gets
@@ -130,8 +131,8 @@ func TestEventLoopZonesKeepEnvelopes(t *testing.T) {
 		cfg.Keys, cfg.Codec, cfg.ZoneWrites, cfg.EventLoops = keysConfig(), codecConfig(), writes, 1
 		return cfg
 	}
-	_, addrC := startProxy(t, zoned("c", zoneWritesLocal))
-	p, addrA := startProxy(t, zoned("a", zoneWritesAll))
+	_, addrC := startProxy(t, zoned("c", zones.WritesLocal))
+	p, addrA := startProxy(t, zoned("a", zones.WritesAll))
 	long := mimirLV2Key()
 	ks, err := keyspace.New(*keysConfig())
 	if err != nil {
@@ -231,7 +232,7 @@ func TestEventLoopServesFromTheLocalTier(t *testing.T) {
 // two zones whose keys start in zone b (and one in both), and checks each
 // reply and what each zone holds after.
 func TestEventLoopZoneWrites(t *testing.T) {
-	for _, writes := range []string{zoneWritesAll, zoneWritesLocal} {
+	for _, writes := range []string{zones.WritesAll, zones.WritesLocal} {
 		t.Run(writes, func(t *testing.T) { testEventLoopZoneWrites(t, writes) })
 	}
 }
@@ -274,7 +275,7 @@ func testEventLoopZoneWrites(t *testing.T, writes string) {
 		{setReq("add", "nowhere", "added everywhere"), "STORED\r\n", "STORED\r\n"},
 	} {
 		want := step.all
-		if writes == zoneWritesLocal {
+		if writes == zones.WritesLocal {
 			want = step.local
 		}
 		if got := c.do(step.req); got != want {
@@ -293,7 +294,7 @@ func testEventLoopZoneWrites(t *testing.T, writes string) {
 		"b only-b-replace": `0 "replaced"`,
 		"b only-b-touch":   `3 "b's only-b-touch"`,
 	}
-	if writes == zoneWritesAll {
+	if writes == zones.WritesAll {
 		maps.Copy(want, map[string]string{
 			"a cas-b":          `9 "new"`,
 			"a only-b-replace": `0 "replaced"`,

@@ -8,6 +8,7 @@ import (
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/upstream"
+	"mcsidecar/proxy/zones"
 )
 
 // collector exports the proxy's counters to Prometheus. It reads the same
@@ -173,14 +174,14 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 			if i == 0 {
 				local = "true"
 			}
-			for r := range numZoneResults {
-				counter(m.zoneReads, z.reads[r].Load(), z.name, local, zoneResultNames[r])
+			for r := range zones.NumResults {
+				counter(m.zoneReads, z.Reads[r].Load(), z.Name, local, zones.ResultNames[r])
 			}
-			counter(m.zoneBytes, z.readBytes.Load(), z.name, local)
-			counter(m.zoneWrites, z.writeFailures.Load(), z.name)
+			counter(m.zoneBytes, z.ReadBytes.Load(), z.Name, local)
+			counter(m.zoneWrites, z.WriteFailures.Load(), z.Name)
 		}
-		for r := range numFillResults {
-			counter(m.zoneFills, m.p.fills[r].Load(), fillResultNames[r])
+		for r := range zones.NumFillResults {
+			counter(m.zoneFills, m.p.fills[r].Load(), zones.FillResultNames[r])
 		}
 	}
 	if t := m.p.tier; t != nil {

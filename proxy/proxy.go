@@ -23,6 +23,7 @@ import (
 	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/tier"
 	"mcsidecar/proxy/upstream"
+	"mcsidecar/proxy/zones"
 )
 
 // errTooManyFiles is the accept error worth waiting out: the process ran
@@ -36,8 +37,8 @@ type Proxy struct {
 	log     *slog.Logger
 	// zones holds the server sets, the local zone's first: one without
 	// zones. Discovery swaps a zone's set when DNS changes.
-	zones     []*zone
-	fills     [numFillResults]atomic.Uint64
+	zones     []*zones.Zone
+	fills     [zones.NumFillResults]atomic.Uint64
 	discovery *discovery // nil: every upstream entry is static
 	stats     *stats.Counters
 	tenants   *stats.Tenants     // nil: no per-tenant view
@@ -132,7 +133,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 		// The first lookup must succeed: there is no last good set to
 		// keep.
 		ctx, cancel := context.WithTimeout(context.Background(), upstream.LookupTimeout)
-		names, err := upstream.Resolve(ctx, p.resolver(), spec.entries)
+		names, err := upstream.Resolve(ctx, p.resolver(), spec.Entries)
 		cancel()
 		var up *upstream.Set
 		if err == nil {
@@ -140,13 +141,13 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 		}
 		if err != nil {
 			p.closeServers()
-			if spec.name != "" {
-				err = fmt.Errorf("zone %s: %w", spec.name, err)
+			if spec.Name != "" {
+				err = fmt.Errorf("zone %s: %w", spec.Name, err)
 			}
 			return nil, err
 		}
-		z := &zone{zoneSpec: spec}
-		z.up.Store(up)
+		z := &zones.Zone{Spec: spec}
+		z.Up.Store(up)
 		p.zones = append(p.zones, z)
 	}
 	if p.guards() {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"cmp"
 	"mcsidecar/proxy/internal/wire"
+	"mcsidecar/proxy/zones"
 	"net"
 	"runtime"
 	"slices"
@@ -88,11 +89,11 @@ func (p *Proxy) appendSettings(dst []byte) []byte {
 	b.num("upstream_dns_interval_s", int64(cfg.DNSInterval/time.Second))
 	b.flag("upstream_tls_enabled", cfg.UpstreamTLS.Enabled)
 	if p.zoned() {
-		b.str("zone", p.zones[0].name)
+		b.str("zone", p.zones[0].Name)
 		b.str("upstream_zone", strings.Join(cfg.ZoneUpstreams, " "))
 		writes := cfg.ZoneWrites
 		if writes == "" {
-			writes = zoneWritesAll
+			writes = zones.WritesAll
 		}
 		b.str("zone_writes", writes)
 		b.flag("zone_fill", cfg.ZoneFill)

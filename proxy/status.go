@@ -34,7 +34,7 @@ func (p *Proxy) Upstreams() []UpstreamStatus {
 	var servers []*upstream.Server
 	var zoneOf []int
 	for i, z := range p.zones {
-		for _, s := range z.up.Load().Servers {
+		for _, s := range z.Up.Load().Servers {
 			servers = append(servers, s)
 			zoneOf = append(zoneOf, i)
 		}
@@ -53,7 +53,7 @@ func (p *Proxy) Upstreams() []UpstreamStatus {
 					errs += s.Errors(k)
 				}
 			}
-			out[i] = UpstreamStatus{Name: s.Name(), Zone: p.zones[zoneOf[i]].name, Local: zoneOf[i] == 0, Err: s.Ping(), Ejected: s.Ejected(), Failing: s.Failing(),
+			out[i] = UpstreamStatus{Name: s.Name(), Zone: p.zones[zoneOf[i]].Name, Local: zoneOf[i] == 0, Err: s.Ping(), Ejected: s.Ejected(), Failing: s.Failing(),
 				Requests: s.Requests(), Errors: errs}
 		}()
 	}

@@ -8,12 +8,6 @@ import (
 // its result, and the delete of a fill that a write raced (see
 // writeguard).
 
-// mayHaveStored reports whether a fill with result may have stored its
-// value: it did, or it failed after it may have. One that a write to its
-// key raced, which may have reached memcached first on another
-// connection, is then deleted again.
-func mayHaveStored(result int) bool { return result == fillStored || result == fillFailed }
-
 // unfill deletes upstream key k from the local zone again, on u, for a
 // fill that a write raced. The delete is a write of its own, so that no
 // read keeps what it drops; its reply ends it (see countDropped).

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"mcsidecar/proxy/upstream"
+	"mcsidecar/proxy/zones"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -34,12 +35,12 @@ func zoneEntry(name string, servers []string) string {
 // zonedConfig is the test configuration of a sidecar in zone local, over
 // the zones given as --upstream-zone values, writing to every zone and
 // filling the local one.
-func zonedConfig(local string, zones ...string) Config {
+func zonedConfig(local string, entries ...string) Config {
 	cfg := testConfig()
 	cfg.Upstreams = nil
 	cfg.Zone = local
-	cfg.ZoneUpstreams = zones
-	cfg.ZoneWrites = zoneWritesAll
+	cfg.ZoneUpstreams = entries
+	cfg.ZoneWrites = zones.WritesAll
 	cfg.ZoneFill = true
 	return cfg
 }
@@ -798,7 +799,7 @@ func TestZoneSemantics(t *testing.T) {
 
 	t.Run("local writes", func(t *testing.T) {
 		cfg := zonedConfig("a", entries...)
-		cfg.ZoneWrites = zoneWritesLocal
+		cfg.ZoneWrites = zones.WritesLocal
 		_, addr := startProxy(t, cfg)
 		if r := newLineClient(t, addr).do(setReq("set", "local-only", "here")); r != "STORED\r\n" {
 			t.Fatalf("set: %q", r)
@@ -849,7 +850,7 @@ func TestZoneFlagsRefused(t *testing.T) {
 			}
 		})
 	}
-	for _, writes := range []string{zoneWritesAll, zoneWritesLocal} {
+	for _, writes := range []string{zones.WritesAll, zones.WritesLocal} {
 		cfg := good()
 		cfg.ZoneWrites = writes
 		if err := cfg.Validate(); err != nil {
