@@ -61,5 +61,12 @@ func (m *Match) AppendRewrite(dst []byte) (out []byte, step Step, scheme string)
 	if !m.k.NeedsRewrite(m.key) {
 		return append(dst, m.key...), StepNone, ""
 	}
+	return m.Rewrite(dst)
+}
+
+// Rewrite is AppendRewrite for a key that NeedsRewrite (or Inspect) found
+// needs a rewrite: it appends the rewrite without reading the key again
+// to find out.
+func (m *Match) Rewrite(dst []byte) (out []byte, step Step, scheme string) {
 	return m.k.rewrite(dst, m.key, m.p, &m.seg)
 }

@@ -43,6 +43,11 @@ func checkAnswers(t testing.TB, k *Keyspace, key []byte, m *Match) {
 	if !bytes.Equal(out, wantOut) || step != wantStep || scheme != wantScheme {
 		t.Fatalf("%q: match rewrites to %q (%v, %q), AppendRewrite to %q (%v, %q)", key, out, step, scheme, wantOut, wantStep, wantScheme)
 	}
+	if wantStep != StepNone {
+		if again, step, scheme := m.Rewrite(nil); !bytes.Equal(again, wantOut) || step != wantStep || scheme != wantScheme {
+			t.Fatalf("%q: Rewrite gives %q (%v, %q), AppendRewrite %q (%v, %q)", key, again, step, scheme, wantOut, wantStep, wantScheme)
+		}
+	}
 	tenant, wantTenant := m.Tenant(), k.Tenant(key)
 	if !bytes.Equal(tenant, wantTenant) || (tenant == nil) != (wantTenant == nil) || cap(tenant) != cap(wantTenant) {
 		t.Fatalf("%q: match says tenant %q, Tenant %q", key, tenant, wantTenant)

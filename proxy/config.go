@@ -23,11 +23,11 @@ type Config struct {
 	// Zone is the availability zone this sidecar serves, and
 	// ZoneUpstreams the servers of every zone, each "NAME=ENTRY[,ENTRY…]"
 	// with entries as in Upstreams; they are given instead of Upstreams.
-	// See zones.go.
+	// See package zones.
 	Zone          string
 	ZoneUpstreams []string
-	// ZoneWrites is zoneWritesAll (writes go to every zone; "" too) or
-	// zoneWritesLocal; ZoneFill stores a hit found in another zone into
+	// ZoneWrites is zones.WritesAll (writes go to every zone; "" too) or
+	// zones.WritesLocal; ZoneFill stores a hit found in another zone into
 	// the local one.
 	ZoneWrites       string
 	ZoneFill         bool

@@ -3,10 +3,11 @@ package proxy
 import (
 	"fmt"
 	"io"
-	"mcsidecar/proxy/zones"
 	"strings"
 	"testing"
 	"time"
+
+	"mcsidecar/proxy/zones"
 )
 
 // Fills and flushes never undo a write: what a read fetched is stored

@@ -30,7 +30,7 @@ func (c *conn) validMetaKey(m *metaReq) bool {
 	return ok
 }
 
-// countRefused counts a key refused for reason r, as checkKey or
+// countRefused counts a key refused for reason r, as inspect or
 // checkMetaKey gave it. Without key settings nothing is counted.
 func (c *conn) countRefused(r keyspace.Reason) {
 	if c.p.keys != nil {
@@ -178,7 +178,7 @@ func (c *conn) lookupChecked(key []byte, need uint8, rewrite bool) resolvedKey {
 		r.postings = s.Postings
 	}
 	if rewrite {
-		out, step, scheme := m.AppendRewrite(c.upBuf[:0])
+		out, step, scheme := m.Rewrite(c.upBuf[:0])
 		c.upBuf = out
 		r.up, r.bound, r.rewrite = out, true, c.p.schemeIndex[scheme]*numSteps+int(step)
 	}

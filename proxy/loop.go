@@ -96,8 +96,8 @@ type loopState struct {
 	// the upstream timeout and the latency histograms are coarser.
 	now      time.Time
 	nowTaken bool
-	// rewrites: whether each key of the retrieval being sent is sent
-	// rewritten, as its one scan found (see retrieve).
+	// rewrites: whether each key of the retrieval or gat being sent is
+	// sent rewritten, as its one scan found (see inspectAll).
 	rewrites []bool
 	// tags numbers the loop's slots (loopSlot.tag).
 	tags uint32

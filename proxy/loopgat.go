@@ -3,7 +3,6 @@ package proxy
 import (
 	"strconv"
 
-	"mcsidecar/keyspace"
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/stats"
 	"mcsidecar/proxy/zones"
@@ -23,17 +22,7 @@ func (lc *loopClient) getAndTouch(id int, words [][]byte) {
 	p := c.p
 	exptime, ok := wire.ParseInt32(words[1])
 	keys := words[2:]
-	bad, why := len(keys), keyspace.Reason(0) // the first key refused, and why
-	rewrites := lc.ls.rewrites[:0]            // as in retrieve
-	for i, k := range keys {
-		kc := c.inspect(k)
-		if !kc.ok {
-			bad, why = i, kc.reason
-			break
-		}
-		rewrites = append(rewrites, kc.rewrite)
-	}
-	lc.ls.rewrites = rewrites
+	bad, why, rewrites := lc.inspectAll(keys) // the first key refused, and why
 	if !ok || bad == 0 {
 		// Refused, or with no key at all, answered before memcached is
 		// asked anything, in its place.

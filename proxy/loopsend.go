@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 
+	"mcsidecar/keyspace"
 	"mcsidecar/proxy/internal/chunks"
 	"mcsidecar/proxy/internal/wire"
 	"mcsidecar/proxy/stats"
@@ -15,19 +16,12 @@ import (
 func (lc *loopClient) retrieve(id int, keys [][]byte) {
 	c := lc.c
 	ls := lc.ls
-	// Each key is scanned once, for what memcached takes and for what
-	// is sent upstream rewritten.
-	rewrites := ls.rewrites[:0]
-	for _, k := range keys {
-		kc := c.inspect(k)
-		if !kc.ok {
-			// Refused whole, as memcached refuses it.
-			lc.local(id, func() { c.refuseKeys(id, kc.reason) })
-			return
-		}
-		rewrites = append(rewrites, kc.rewrite)
+	taken, why, rewrites := lc.inspectAll(keys)
+	if taken < len(keys) {
+		// Refused whole, as memcached refuses it.
+		lc.local(id, func() { c.refuseKeys(id, why) })
+		return
 	}
-	ls.rewrites = rewrites
 	p := c.p
 	up := p.zones[0].Up.Load()
 	s := ls.slot(lc, id)
@@ -73,6 +67,30 @@ func (lc *loopClient) retrieve(id int, keys [][]byte) {
 		s.finish() // every key answered by the tier, or failed
 	}
 	return
+}
+
+// loopRewritesKeep is the most keys whose rewrite bits a loop keeps room
+// for between retrievals (see inspectAll).
+const loopRewritesKeep = 1024
+
+// inspectAll scans each of keys once (see inspect), up to the first one
+// refused, and returns how many were taken, why the next one was refused,
+// and whether each taken one is sent upstream rewritten, in the loop's
+// scratch: valid until the next inspectAll.
+func (lc *loopClient) inspectAll(keys [][]byte) (taken int, why keyspace.Reason, rewrites []bool) {
+	rewrites = lc.ls.rewrites[:0]
+	for _, k := range keys {
+		kc := lc.c.inspect(k)
+		if !kc.ok {
+			why = kc.reason
+			break
+		}
+		rewrites = append(rewrites, kc.rewrite)
+	}
+	if cap(rewrites) <= loopRewritesKeep {
+		lc.ls.rewrites = rewrites
+	}
+	return len(rewrites), why, rewrites
 }
 
 // owner adds key k, the i-th of the n keys of retrieval s, resolved as rk,
@@ -185,7 +203,10 @@ var retrievalVerbs = [wire.NumCommands]string{wire.CmdGet: "get", wire.CmdGets: 
 func (lc *loopClient) store(id int, words [][]byte, data []byte, lineLen int) int {
 	c := lc.c
 	a := wire.ParseStoreArgs(words, id == wire.CmdCas)
-	kc := c.inspect(a.Key)
+	var kc keyCheck
+	if a.ArgsOK {
+		kc = c.inspect(a.Key)
+	}
 	if !a.ArgsOK || !lc.takes(a.Key, kc) {
 		// Refused: its block, when the line names a usable length, is
 		// dropped as it comes.

@@ -16,7 +16,7 @@ func expiresAtOnce(exptime int32) bool {
 // refuseKeys refuses a whole retrieval, as memcached does, for a key it
 // names that is not taken (memcached's 250 bytes, or with key settings
 // --key-max-client-length and the bytes allowed): the refusal is counted
-// by r, checkKey's reason for the first such key, and answered
+// by r, inspect's reason for the first such key, and answered
 // CLIENT_ERROR.
 func (c *conn) refuseKeys(id int, r keyspace.Reason) {
 	c.countRefused(r)

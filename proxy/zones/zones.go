@@ -147,8 +147,9 @@ const (
 
 var ResultNames = [NumResults]string{Hit: "hit", Miss: "miss", Error: "error"}
 
-// Results of a fill, and their names as metric labels. FillDropped: a write to the key through the sidecar
-// raced it, and it was not sent or was deleted again (see writeguard).
+// Results of a fill, and their names as metric labels. FillDropped: a
+// write to the key through the sidecar raced the fill, which was not sent
+// or was deleted again (see proxy/internal/writeguard).
 const (
 	FillStored = iota
 	FillNotStored
