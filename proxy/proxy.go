@@ -349,3 +349,32 @@ func (p *Proxy) Ready(ctx context.Context) error {
 	}
 	return fmt.Errorf("no upstream server answers: %w", last)
 }
+
+// ServerSelector places keys on memcached servers exactly as the proxy
+// does, for a gomemcache client (memcache.NewFromSelector); see
+// upstream.ServerSelector.
+type ServerSelector = upstream.ServerSelector
+
+// NewServerSelector returns the selector named by scheme (jump or ketama)
+// over servers, each host:port or unix:/path as in --upstream.
+func NewServerSelector(scheme string, servers []string) (*ServerSelector, error) {
+	return upstream.NewServerSelector(scheme, servers)
+}
+
+// overLimit reports whether --max-connections client connections are open
+// already. The count is the one "stats" reports as curr_connections.
+func (p *Proxy) overLimit() bool {
+	limit := p.cfg.MaxConnections
+	return limit > 0 && p.stats.CurrConns.Load() >= int64(limit)
+}
+
+// refuse turns away a connection over the limit the way memcached does when
+// it is at -c: one error line, in plain text even on a TLS listener, and
+// close. It runs on the accept loop, so the write may not block: a new
+// socket's send buffer is empty, and the deadline guards the rest.
+func (p *Proxy) refuse(nc net.Conn) {
+	p.stats.ConnsRefused.Add(1)
+	nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+	nc.Write(wire.LineTooManyConns)
+	nc.Close()
+}
