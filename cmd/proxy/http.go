@@ -41,7 +41,7 @@ func newRegistry(p *proxy.Proxy) (*prometheus.Registry, error) {
 
 // newHTTPHandler serves the operator's endpoints: /metrics, /healthz (the
 // process is alive: it answers), /readyz (at least one upstream server
-// answers), a status page at / and the pprof profiles.
+// answers), a status page at /, the pprof profiles and an execution trace.
 func newHTTPHandler(p *proxy.Proxy, reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
@@ -55,6 +55,7 @@ func newHTTPHandler(p *proxy.Proxy, reg *prometheus.Registry) http.Handler {
 	})
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.HandleFunc("/{$}", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		up := p.Upstreams()

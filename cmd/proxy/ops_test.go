@@ -315,6 +315,23 @@ func counterValue(mfs map[string]*dto.MetricFamily, name string, labels map[stri
 	return 0, false
 }
 
+// TestProfilesAndTrace fetches a CPU profile and an execution trace of a
+// tenth of a second from the metrics listener: what an operator takes to
+// see where a latency tail comes from.
+func TestProfilesAndTrace(t *testing.T) {
+	s := startBusySidecar(t)
+	code, body := s.get(t, "/debug/pprof/trace?seconds=0.1")
+	if code != http.StatusOK || !strings.HasPrefix(body, "go 1.") {
+		t.Errorf("/debug/pprof/trace: %d, %d bytes starting %q, want 200 and an execution trace", code, len(body), body[:min(len(body), 16)])
+	}
+	if code, body := s.get(t, "/debug/pprof/profile?seconds=1"); code != http.StatusOK || len(body) == 0 {
+		t.Errorf("/debug/pprof/profile: %d, %d bytes", code, len(body))
+	}
+	if code, body := s.get(t, "/debug/pprof/"); code != http.StatusOK || !strings.Contains(body, "goroutine") {
+		t.Errorf("/debug/pprof/: %d %q", code, body)
+	}
+}
+
 func TestHealthReadinessAndStatusPage(t *testing.T) {
 	s := startBusySidecar(t)
 	if code, body := s.get(t, "/healthz"); code != http.StatusOK || body != "ok\n" {
