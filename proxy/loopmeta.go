@@ -379,15 +379,15 @@ func (lc *loopClient) dropBlock(total int, data []byte) int {
 }
 
 // metaTooLarge refuses an ms whose value is over the size limits:
-// SERVER_ERROR in its place, and the item it would
-// have replaced deleted in every zone, whatever the mode, without a
-// reply of its own.
+// SERVER_ERROR in its place, once the item it would have replaced is
+// deleted in every zone, whatever the mode (see tooLarge); the delete has
+// no reply of its own.
 func (lc *loopClient) metaTooLarge(m *metaReq, up []byte) {
-	lc.metaLocal(wire.CmdMetaSet, wire.LineTooLarge, nil)
 	bin := m.WireBin
 	lc.command(wire.CmdMetaDelete, up, true, loopWrite{refused: true}, func(out []byte, _ uint32) []byte {
 		return append(appendMetaHead(out, "md ", string(up), bin), wire.CRLF...)
 	})
+	lc.metaLocal(wire.CmdMetaSet, wire.LineTooLarge, nil)
 }
 
 // metaAnswer answers an ms or md from memcached's reply line, or err.

@@ -322,24 +322,24 @@ func (lc *loopClient) countStore(rk resolvedKey) *stats.TenantCounters {
 }
 
 // tooLarge refuses a storage command whose value is over the size limits:
-// SERVER_ERROR in its place among the replies,
-// and after a set, the old value deleted upstream, as memcached drops it
+// SERVER_ERROR in its place among the replies, and for a set, the old
+// value deleted upstream first, as memcached drops it before it answers
 // rather than keep serving it after a set it could not store. The
-// refusal's reply does not wait for the delete's: a later request of the
-// client's to the key is queued after it.
+// refusal's reply waits for the delete's, since a client's replies go in
+// request order: once told, no client reads the old value.
 func (lc *loopClient) tooLarge(id int, a wire.StoreArgs, rk resolvedKey) {
 	c := lc.c
 	lc.countStore(rk)
-	lc.local(id, func() {
-		c.p.stats.Record(id, stats.OutcomeClientError)
-		c.noreply = a.Noreply
-		c.reply(wire.LineTooLarge)
-	})
 	if id == wire.CmdSet {
 		lc.command(wire.CmdDelete, rk.up, true, loopWrite{refused: true}, func(out []byte, _ uint32) []byte {
 			return appendKeyCommand(out, keyVerbs[wire.CmdDelete], string(rk.up), nil)
 		})
 	}
+	lc.local(id, func() {
+		c.p.stats.Record(id, stats.OutcomeClientError)
+		c.noreply = a.Noreply
+		c.reply(wire.LineTooLarge)
+	})
 }
 
 // keyVerbs names the commands of one key and no data sent upstream as they

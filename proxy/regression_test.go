@@ -741,3 +741,47 @@ func TestIdleConnectionCost(t *testing.T) {
 	}
 	t.Logf("%d KiB of heap per idle connection", (heapNow()-base)/conns>>10)
 }
+
+// TestTooLargeSetAnsweredOnceTheOldValueIsGone: memcached drops the old
+// value of a set (or ms) it refuses as too large before it answers, so no
+// client reads that value once this one is told. The sidecar deletes it
+// upstream; with the delete held at a relay, the refusal must wait for it,
+// and once it comes, memcached itself must hold nothing.
+func TestTooLargeSetAnsweredOnceTheOldValueIsGone(t *testing.T) {
+	mc := startMemcached(t)
+	relay := startHoldRelay(t, mc)
+	cfg := loopConfig(relay.addr)
+	cfg.MaxItemSize = 1024
+	_, addr := startProxy(t, cfg)
+	direct := newLineClient(t, mc)
+	big := strings.Repeat("x", 2000)
+	for _, c := range []struct{ name, key, req, held string }{
+		{"set", "big-set", "set big-set 0 0 2000\r\n" + big + "\r\n", "delete big-set"},
+		{"ms", "big-ms", "ms big-ms 2000\r\n" + big + "\r\n", "md big-ms"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			lc := newLineClient(t, addr)
+			if r := lc.do("set " + c.key + " 0 0 3\r\nold\r\n"); r != "STORED\r\n" {
+				t.Fatalf("set: %q", r)
+			}
+			relay.holdRequests(c.held)
+			io.WriteString(lc.c, c.req)
+			if !relay.waitHeld(c.held, true) {
+				t.Fatalf("the sidecar never sent %q", c.held)
+			}
+			lc.c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			if line, err := lc.br.ReadString('\n'); err == nil {
+				t.Fatalf("%s answered %q while its delete was held: a client told may still read the old value", c.name, line)
+			}
+			lc.c.SetReadDeadline(time.Time{})
+			relay.release("") // and hold nothing more
+			lc.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if line, err := lc.br.ReadString('\n'); err != nil || line != "SERVER_ERROR object too large for cache\r\n" {
+				t.Fatalf("%s answered %q (%v) once its delete went", c.name, line, err)
+			}
+			if r := direct.do("get " + c.key + "\r\n"); r != "END\r\n" {
+				t.Errorf("memcached holds %q after the refused %s", r, c.name)
+			}
+		})
+	}
+}
