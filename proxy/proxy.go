@@ -1,7 +1,3 @@
-// Package proxy is the memcached text-protocol server of the sidecar: it
-// accepts client connections, parses every pipelined command, forwards each
-// to the upstream memcached server that owns its key, and answers exactly
-// as memcached would.
 package proxy
 
 import (
