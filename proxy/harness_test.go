@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"mcsidecar/proxy/memcachedtest"
 	"mcsidecar/proxy/upstream"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -63,6 +64,7 @@ func runMemcached(tb testing.TB, addr string, extra ...string) (kill func(), ok 
 	cmd := exec.Command(memcachedBin(tb), args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
+	memcachedtest.CloseInherited() // see there: a fuzz worker's pipes
 	if err := cmd.Start(); err != nil {
 		tb.Fatalf("start memcached: %v", err)
 	}

@@ -5,12 +5,33 @@ package memcachedtest
 import (
 	"bufio"
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
+
+// CloseInherited marks every descriptor of the process from 3 up
+// close-on-exec, so that a server a test starts holds none of those the
+// process inherited. A fuzz worker inherits its pipes to the coordinator
+// that way: a memcached that kept them would outlive a worker the
+// coordinator stopped or lost, and the coordinator would wait for the
+// worker's end forever. Descriptors Go opens are close-on-exec already.
+// Outside Linux (no /proc/self/fd) it does nothing.
+func CloseInherited() {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			syscall.CloseOnExec(fd)
+		}
+	}
+}
 
 // FreeAddr returns a loopback address with a port free a moment ago.
 func FreeAddr(t testing.TB) string {
@@ -75,6 +96,7 @@ func Start(t testing.TB) string {
 		// takes a 1 MB page, and a load of values of many sizes (raw
 		// postings) evicts some under 16 MB.
 		cmd := exec.Command(bin, "-l", "127.0.0.1", "-p", port, "-U", "0", "-t", "1", "-m", "64", "-u", "nobody")
+		CloseInherited()
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
