@@ -188,7 +188,7 @@ func (ls *loopState) putSlot(s *loopSlot) {
 	seen, arena, meta, mod := s.seen, s.arena, s.meta, s.mod
 	*s = loopSlot{out: s.out[:0], line: s.line[:0], keys: s.keys[:0], ends: s.ends[:0], ups: s.ups[:0], owners: s.owners[:0], reqs: s.reqs[:0]}
 	if meta.small() {
-		s.meta = meta // for the next meta command (see loopState.parseMeta)
+		s.spareMeta = meta // for the next meta command (see takeMeta)
 	}
 	if mod != nil && cap(mod.data) <= loopMetaKeep {
 		mod.op = rmw{} // the closures hold the connection

@@ -57,9 +57,11 @@ type loopSlot struct {
 	exptime                  int32
 	// kind is the classic write whose zone rules a command of one key
 	// follows: its own id, or for ms and md the write they act as (see
-	// metaKind). meta is an ms's or md's request (see loopmeta.go).
-	kind int
-	meta *loopMeta
+	// metaKind). meta is a meta command's request (see loopmeta.go), nil
+	// for a classic command; spareMeta, one kept for the loop's next meta
+	// command (see takeMeta).
+	kind            int
+	meta, spareMeta *loopMeta
 	// serial: nothing the client sent after it is sent upstream before
 	// it is answered, as it takes more than one round trip and what came
 	// after it must see what it did (see heldBehind).

@@ -73,6 +73,15 @@ func (m *loopMeta) alignReq() []byte {
 	return m.align
 }
 
+// takeMeta gives slot s the meta request lm, parsed into the loop's next
+// loopMeta, and the loop the slot's spare for the one after. A slot keeps
+// its request's loopMeta as a spare once it is given back, never as its
+// meta: a classic command on the slot would take it for its own (an ms's
+// request to bring the other zones in line, say).
+func (s *loopSlot) takeMeta(lm *loopMeta) {
+	s.meta, s.client.ls.meta, s.spareMeta = lm, s.spareMeta, nil
+}
+
 // parseMeta copies the words of a meta command line into the loop's next
 // loopMeta and parses them there (see wire.ParseMeta).
 func (ls *loopState) parseMeta(w [][]byte, limitKey bool) *loopMeta {

@@ -57,7 +57,7 @@ func (lc *loopClient) metaGet(id int, words [][]byte) {
 	c.countRewrite(rk)
 	m.rk = rk
 	s := lc.ls.slot(lc, id)
-	s.meta, lc.ls.meta = lm, s.meta
+	s.takeMeta(lm)
 	s.ups = append(s.ups[:0], rk.up...)
 	lc.charge(s, lc.estimate(1))
 	lc.slots = append(lc.slots, s)

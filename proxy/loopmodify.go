@@ -58,7 +58,7 @@ func (lc *loopClient) modify(id int, key []byte, rk resolvedKey, noreply bool, l
 	p := c.p
 	s := lc.ls.slot(lc, id)
 	if lm != nil {
-		s.meta, lc.ls.meta = lm, s.meta
+		s.takeMeta(lm)
 	}
 	s.kind, s.serial = wire.CmdAppend, true // zone after zone, and first (see heldBehind)
 	mod := s.spareMod

@@ -412,7 +412,7 @@ func (lc *loopClient) commandAs(id, kind int, lm *loopMeta, key []byte, noreply 
 	if lm != nil {
 		// The slot takes the request parsed; the loop parses the next
 		// into the one the slot had, if any.
-		s.meta, lc.ls.meta = lm, s.meta
+		s.takeMeta(lm)
 		s.serial = lm.serial
 	}
 	s.ups = append(s.ups[:0], key...)

@@ -219,3 +219,61 @@ func TestMetaGetUpstreamFailureIsAMiss(t *testing.T) {
 		t.Errorf("%d mg upstream errors counted, want 1", n)
 	}
 }
+
+// TestClassicWriteAfterMetaKeepsZonesInLine runs classic writes on the
+// slot a meta command was just answered on (one client, one loop: each
+// command takes the slot the one before gave back). A slot keeps a meta
+// request for the next meta command, and a classic write once took it for
+// its own: a replace brought the other zone in line with the last ms's
+// request, setting that key to its old value, and an add that another
+// zone refused deleted the last ms's key instead of its own copy.
+func TestClassicWriteAfterMetaKeepsZonesInLine(t *testing.T) {
+	a, b := startZone(t, 1), startZone(t, 1)
+	cfg := zonedConfig("a", zoneEntry("a", a), zoneEntry("b", b))
+	cfg.EventLoops = 1
+	_, addr := startProxy(t, cfg)
+	lc := newLineClient(t, addr)
+	expect := func(req, want string) {
+		t.Helper()
+		if got := metaDo(t, lc, req); got != want {
+			t.Fatalf("%q answered %q, want %q", req, got, want)
+		}
+	}
+	item := func(z []string, key string) string {
+		t.Helper()
+		_, data, ok := inZone(t, z, key)
+		if !ok {
+			return "(none)"
+		}
+		return data
+	}
+
+	// A replace after an ms in replace mode.
+	expect("set k 0 0 1\r\nv\r\n", "STORED\r\n")
+	expect("set m 0 0 3\r\nold\r\n", "STORED\r\n")
+	expect("ms m 3 MR\r\nnew\r\n", "HD\r\n")
+	expect("set m 0 0 5\r\nnewer\r\n", "STORED\r\n")
+	expect("replace k 0 0 2\r\nv2\r\n", "STORED\r\n")
+	for _, z := range [][]string{a, b} {
+		if got := item(z, "k"); got != "v2" {
+			t.Errorf("after the replace, %s holds k = %q, want v2", z[0], got)
+		}
+		if got := item(z, "m"); got != "newer" {
+			t.Errorf("after the replace, %s holds m = %q, want newer", z[0], got)
+		}
+	}
+
+	// An add of a key only zone b holds, after an ms in add mode.
+	directSet(t, b[0], "j", 0, 0, "b's")
+	expect("ms x 1 ME\r\n1\r\n", "HD\r\n")
+	expect("add j 0 0 1\r\na\r\n", "NOT_STORED\r\n")
+	if got := item(a, "j"); got != "(none)" {
+		t.Errorf("the add left its copy in zone a: j = %q", got)
+	}
+	if got := item(a, "x"); got != "1" {
+		t.Errorf("after the add, zone a holds x = %q, want 1", got)
+	}
+	if got := item(b, "j"); got != "b's" {
+		t.Errorf("after the add, zone b holds j = %q, want b's", got)
+	}
+}
