@@ -364,18 +364,27 @@ func (lc *loopClient) processHeld() {
 // A request held is parsed again once the client's replies are written.
 func (lc *loopClient) heldBehind(id int) bool {
 	p := lc.c.p
-	if len(lc.slots) == 0 {
+	// Nothing is sent upstream after a request that holds the others back
+	// while it is in flight, but requests answered in place (an unknown
+	// command, a refused one) may follow it: it is the last slot still
+	// pending.
+	var last *loopSlot
+	for i := len(lc.slots) - 1; i >= 0; i-- {
+		if lc.slots[i].pending > 0 {
+			last = lc.slots[i]
+			break
+		}
+	}
+	if last == nil {
 		return false
 	}
-	if s := lc.slots[len(lc.slots)-1]; s.pending > 0 && s.serial {
+	if last.serial {
 		return true
 	}
 	if len(p.zones) < 2 {
 		return false
 	}
-	// Nothing is read after such a write while it is in flight: it is
-	// the last slot.
-	if s := lc.slots[len(lc.slots)-1]; s.pending > 0 && (p.zoneByZone(s.kind) || s.kind == wire.CmdAdd) {
+	if p.zoneByZone(last.kind) || last.kind == wire.CmdAdd {
 		return true
 	}
 	if id == wire.CmdVersion {

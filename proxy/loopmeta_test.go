@@ -82,3 +82,26 @@ func TestEventLoopModifiesEnvelopesItself(t *testing.T) {
 		}
 	}
 }
+
+// TestRequestAfterALocalAnswerWaitsForASerialOne sends a write after a
+// quiet ma with N, which takes two round trips (asked without N first),
+// with a command the sidecar answers in place between them. The write
+// once went upstream between the ma's two trips, as the answer in place
+// hid the ma from the check that holds requests back: the ma, asked
+// again with N, then found the write's item and incremented it, so
+// memcached behind the sidecar held 6 where memcached alone holds 5.
+func TestRequestAfterALocalAnswerWaitsForASerialOne(t *testing.T) {
+	for _, between := range []string{"foo\r\n", "get\r\n"} {
+		direct, up := startMemcached(t), startMemcached(t)
+		_, addr := startProxy(t, testConfig(up))
+		req := "ma k N0 q\r\n" + between + "set k 0 0 1\r\n5\r\nget k\r\n"
+		want, got := exchange(t, direct, req), exchange(t, addr, req)
+		if got != want {
+			t.Errorf("%q: the sidecar answered %q, memcached %q", req, got, want)
+		}
+		held, wantHeld := exchange(t, up, "get k\r\n"), exchange(t, direct, "get k\r\n")
+		if held != wantHeld {
+			t.Errorf("%q: memcached behind the sidecar holds %q, memcached alone %q", req, held, wantHeld)
+		}
+	}
+}

@@ -171,6 +171,9 @@ func TestMetaParseAllocatesNothing(t *testing.T) {
 // proxy in front of another memcached and compares the replies byte for
 // byte: the parser must refuse what memcached refuses, with its words, and
 // accept what it accepts. Seeds are the lines of the differential scripts.
+// The memcached behind the proxy must then have stored as often as
+// memcached alone, in the same order: the next CAS value of each is the
+// same.
 func FuzzMetaDifferential(f *testing.F) { fuzzMetaDifferential(f, testConfig, false) }
 
 // FuzzMetaDifferentialEnvelopeAll is FuzzMetaDifferential through a proxy
@@ -179,6 +182,10 @@ func FuzzMetaDifferential(f *testing.F) { fuzzMetaDifferential(f, testConfig, fa
 func FuzzMetaDifferentialEnvelopeAll(f *testing.F) {
 	fuzzMetaDifferential(f, envelopeAllConfig, true)
 }
+
+// casProbe stores an item and reads its CAS value: memcached's count of
+// the items it stored, plus one.
+const casProbe = "set zzprobe 0 0 1\r\n1\r\ngets zzprobe\r\n"
 
 func fuzzMetaDifferential(f *testing.F, config func(...string) Config, withoutDebug bool) {
 	for _, l := range metaSeedLines() {
@@ -203,10 +210,19 @@ func fuzzMetaDifferential(f *testing.F, config func(...string) Config, withoutDe
 		const setup = "flush_all\r\nset a 1 0 2\r\n10\r\n"
 		exchange(t, direct, setup)
 		exchange(t, addr, setup)
+		// An mn last: its reply comes once every request before it is
+		// done, quiet ones included.
+		req = append(req, "mn\r\n"...)
 		want := exchange(t, direct, string(req))
 		got := exchange(t, addr, string(req))
 		if got != want {
 			t.Fatalf("request %q\nproxy     %q\nmemcached %q", req, short(got), short(want))
+		}
+		if withoutDebug {
+			return // an enveloped value may take a read and a write for a command
+		}
+		if a, b := exchange(t, direct, casProbe), exchange(t, upstream, casProbe); a != b {
+			t.Fatalf("request %q: memcached stored other items alone than behind the proxy, or in another order: next CAS %q alone, %q behind", req, a, b)
 		}
 	})
 }
