@@ -26,7 +26,9 @@ import (
 // equal (the servers' counters follow the clients' interleaving, and
 // behind a proxy each server counts its own). And the servers behind the
 // first proxy must have been asked what memcached alone was: the proxy
-// sent every command once, lost none, added none.
+// sent every command once, lost none, added none; and no zone behind the
+// third may hold an item memcached alone does not (see staleInZones),
+// which its replies alone need not show.
 //
 // Where FuzzProxy checks that any input gets replies in memcached's
 // grammar, this checks that well-formed input gets memcached's replies:
@@ -83,7 +85,8 @@ func FuzzDifferential(f *testing.F) {
 			t.Skip()
 		}
 		inputs++
-		streams := decodeStreams(input, fmt.Sprintf("df%d-%d", time.Now().UnixNano(), inputs))
+		prefix := fmt.Sprintf("df%d-%d", time.Now().UnixNano(), inputs)
+		streams := decodeStreams(input, prefix)
 		before := make([]map[string]int64, len(groups))
 		for _, addr := range slices.Concat(append(groups, upE, upZ)...) {
 			if r, err := converse(addr, []byte("flush_all\r\n"), 5*time.Second); err != nil || string(r.head) != "OK\r\n" {
@@ -125,6 +128,13 @@ func FuzzDifferential(f *testing.F) {
 				}
 			}
 		}
+		var keys []string
+		for c := range streams {
+			keys = append(keys, streamKeys(prefix, c)...)
+		}
+		if stale := staleInZones(direct, upZ, keys); len(stale) > 0 {
+			t.Errorf("a zone holds another item than memcached alone: %s", strings.Join(stale, "; "))
+		}
 		asked := make([]string, len(groups))
 		for i, g := range groups {
 			after := commandCounts(t, g)
@@ -138,6 +148,74 @@ func FuzzDifferential(f *testing.F) {
 			t.Errorf("memcached was asked %s alone, the servers %s behind the loop", asked[0], asked[1])
 		}
 	})
+}
+
+// staleInZones returns the keys, with both items, that a zone's server
+// holds with other bytes or flags than memcached alone holds them. Writes
+// go to every zone, and a zone may lack a key (an append drops the other
+// zones' copies, a fill comes after the reply), but none may hold an item
+// memcached alone does not: a client told a write took finds no older
+// copy in any zone. Fills and the deletes undoing them may still be on
+// their way when the clients have their replies: a key is reported only
+// when it stays stale for a second.
+func staleInZones(direct string, zoneServers []string, keys []string) []string {
+	var stale []string
+	for try := 0; try < 50; try++ {
+		want := metaItems(direct, keys)
+		stale = stale[:0]
+		for _, z := range zoneServers {
+			for i, got := range metaItems(z, keys) {
+				if got != "EN\r\n" && got != want[i] {
+					stale = append(stale, fmt.Sprintf("%s: %q in %s, %q alone", short(keys[i]), got, z, want[i]))
+				}
+			}
+		}
+		if len(stale) == 0 {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return stale
+}
+
+// metaItems returns the reply of the memcached at addr to mg <key> v f
+// for each key: EN, or the VA line and the value.
+func metaItems(addr string, keys []string) []string {
+	items := make([]string, len(keys))
+	failed := func(err error) []string {
+		for i := range items {
+			items[i] = err.Error()
+		}
+		return items
+	}
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return failed(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	var req strings.Builder
+	for _, k := range keys {
+		req.WriteString("mg " + k + " v f\r\n")
+	}
+	go io.WriteString(c, req.String())
+	r := bufio.NewReader(c)
+	for i := range keys {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return failed(err)
+		}
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VA" {
+			n, _ := strconv.Atoi(f[1])
+			data := make([]byte, n+2)
+			if _, err := io.ReadFull(r, data); err != nil {
+				return failed(err)
+			}
+			line += string(data)
+		}
+		items[i] = line
+	}
+	return items
 }
 
 // casByOrder replaces each CAS value of a VALUE line in reply by its rank
@@ -209,6 +287,19 @@ func (z *fuzzBytes) next() byte {
 
 func (z *fuzzBytes) empty() bool { return len(z.b) == 0 }
 
+// streamKeys returns the four keys client c's stream names.
+func streamKeys(prefix string, c int) []string {
+	var keys []string
+	for k := range 4 {
+		key := fmt.Sprintf("%s-c%d-k%d", prefix, c, k)
+		if k == 3 { // a key at memcached's limit
+			key += strings.Repeat("x", 250-len(key))
+		}
+		keys = append(keys, key)
+	}
+	return keys
+}
+
 // decodeStreams turns input into the request streams of one to three
 // clients, whose keys begin with prefix and the client's number.
 func decodeStreams(input []byte, prefix string) []diffStream {
@@ -218,13 +309,7 @@ func decodeStreams(input []byte, prefix string) []diffStream {
 	keys := make([][]string, clients)
 	bufs := make([]bytes.Buffer, clients)
 	for c := range streams {
-		for k := range 4 {
-			key := fmt.Sprintf("%s-c%d-k%d", prefix, c, k)
-			if k == 3 { // a key at memcached's limit
-				key += strings.Repeat("x", 250-len(key))
-			}
-			keys[c] = append(keys[c], key)
-		}
+		keys[c] = streamKeys(prefix, c)
 	}
 	// The clients' commands are decoded in turn, up to 40 each.
 	for n := 0; n < 40*clients && !z.empty(); n++ {
