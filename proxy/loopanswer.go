@@ -515,7 +515,8 @@ func (s *loopSlot) openNeed() int {
 // for all of them (it would move as it grew): they are pointed at once all
 // are in. It touches no state of the loop but the slot's, and the
 // counters and the local tier, which take writes from any goroutine: it
-// may run on a worker (see eventLoops.aside), which yields as it goes.
+// may run on a worker (see eventLoops.aside), which yields as it goes
+// where the workers have no Ps of their own (see asideWorkers).
 func (s *loopSlot) openAll(aside bool) {
 	done := 0
 	for i := range s.owners {
@@ -527,7 +528,7 @@ func (s *loopSlot) openAll(aside bool) {
 		if !s.open(i, o) {
 			o.block = nil
 		}
-		if done += o.size + len(s.arena) - at; aside && done >= asideYieldBytes {
+		if done += o.size + len(s.arena) - at; aside && !lowersPriority && done >= asideYieldBytes {
 			done = 0
 			runtime.Gosched()
 		}

@@ -16,10 +16,11 @@ import (
 // written only once those before it are.
 
 // asideYieldBytes is how much a worker opens between two yields to the Go
-// scheduler. The workers are as many as the processors: without yielding,
-// a loop back from epoll_wait with every P taken by a worker waits for one
-// until the scheduler preempts it, 10 ms later, and so does every client
-// of the loop. Opening 64 KB takes tens of microseconds.
+// scheduler, where the workers share the processors' Ps with the loops
+// (see asideWorkers): without yielding, a loop back from epoll_wait with
+// every P taken by a worker waits for one until the scheduler preempts
+// it, 10 ms later, and so does every client of the loop. Opening 64 KB
+// takes tens of microseconds.
 const asideYieldBytes = 64 << 10
 
 // loopOpenAsideMin is the arena bytes a retrieval's hits need at least to
@@ -37,9 +38,24 @@ type openers struct {
 	opened atomic.Uint64 // retrievals opened aside, for tests
 }
 
-// start starts one worker per processor.
-func (o *openers) start() {
+// asideWorkers returns how many workers a proxy starts: one per processor,
+// GOMAXPROCS as the first proxy of the process found it. Where the
+// workers' threads run at a lower priority (see lowerPriority), it raises
+// GOMAXPROCS, once, by that many: each worker has a P of its own, so that
+// a worker the kernel holds back for the loops never holds the P a loop
+// needs, and never needs to yield one. Setting GOMAXPROCS stops the Go
+// runtime from following a change of the container's CPU limit.
+var asideWorkers = sync.OnceValue(func() int {
 	n := runtime.GOMAXPROCS(0)
+	if lowersPriority {
+		runtime.GOMAXPROCS(2 * n)
+	}
+	return n
+})
+
+// start starts the workers.
+func (o *openers) start() {
+	n := asideWorkers()
 	o.work = make(chan *loopSlot, 2*n)
 	o.wg.Add(n)
 	for range n {
@@ -56,6 +72,12 @@ func (o *openers) stop() {
 
 func (o *openers) run() {
 	defer o.wg.Done()
+	if lowersPriority {
+		// The thread is the worker's for good: the runtime ends it
+		// with the worker, and runs nothing else on it.
+		runtime.LockOSThread()
+		lowerPriority()
+	}
 	for s := range o.work {
 		s.openAll(true)
 		ls := s.client.ls
