@@ -132,7 +132,7 @@ func FuzzDifferential(f *testing.F) {
 		for c := range streams {
 			keys = append(keys, streamKeys(prefix, c)...)
 		}
-		if stale := staleInZones(direct, upZ, keys); len(stale) > 0 {
+		if stale := staleInZones(t, direct, upZ, keys); len(stale) > 0 {
 			t.Errorf("a zone holds another item than memcached alone: %s", strings.Join(stale, "; "))
 		}
 		asked := make([]string, len(groups))
@@ -158,14 +158,14 @@ func FuzzDifferential(f *testing.F) {
 // copy in any zone. Fills and the deletes undoing them may still be on
 // their way when the clients have their replies: a key is reported only
 // when it stays stale for a second.
-func staleInZones(direct string, zoneServers []string, keys []string) []string {
+func staleInZones(t *testing.T, direct string, zoneServers []string, keys []string) []string {
 	var stale []string
 	for try := 0; try < 50; try++ {
-		want := metaItems(direct, keys)
+		want := heldItems(t, direct, keys)
 		stale = stale[:0]
 		for _, z := range zoneServers {
-			for i, got := range metaItems(z, keys) {
-				if got != "EN\r\n" && got != want[i] {
+			for i, got := range heldItems(t, z, keys) {
+				if got != "END\r\n" && got != want[i] {
 					stale = append(stale, fmt.Sprintf("%s: %q in %s, %q alone", short(keys[i]), got, z, want[i]))
 				}
 			}
@@ -178,42 +178,14 @@ func staleInZones(direct string, zoneServers []string, keys []string) []string {
 	return stale
 }
 
-// metaItems returns the reply of the memcached at addr to mg <key> v f
-// for each key: EN, or the VA line and the value.
-func metaItems(addr string, keys []string) []string {
+// heldItems returns the reply of the memcached at addr to a get of each
+// key: END, or its VALUE block.
+func heldItems(t *testing.T, addr string, keys []string) []string {
+	lc := newLineClient(t, addr)
+	defer lc.c.Close()
 	items := make([]string, len(keys))
-	failed := func(err error) []string {
-		for i := range items {
-			items[i] = err.Error()
-		}
-		return items
-	}
-	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
-	if err != nil {
-		return failed(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	var req strings.Builder
-	for _, k := range keys {
-		req.WriteString("mg " + k + " v f\r\n")
-	}
-	go io.WriteString(c, req.String())
-	r := bufio.NewReader(c)
-	for i := range keys {
-		line, err := r.ReadString('\n')
-		if err != nil {
-			return failed(err)
-		}
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VA" {
-			n, _ := strconv.Atoi(f[1])
-			data := make([]byte, n+2)
-			if _, err := io.ReadFull(r, data); err != nil {
-				return failed(err)
-			}
-			line += string(data)
-		}
-		items[i] = line
+	for i, k := range keys {
+		items[i] = lc.do("get " + k + "\r\n")
 	}
 	return items
 }
