@@ -97,13 +97,18 @@ type Config struct {
 	MetricsTenants int
 
 	// EventLoops is how many event loops serve the clients (see
-	// loop.go); 0 and EventLoopsAuto mean one.
+	// loop.go); 0 means one, EventLoopsAuto one per processor.
 	EventLoops int
 }
 
 // EventLoopsAuto is the EventLoops (and --event-loops) that leaves the
-// count to the proxy: one loop.
+// count to the proxy: one loop per processor (GOMAXPROCS as the first proxy
+// of the process finds it), at most loopsAutoMax, every client beginning
+// on the first (see loopmove.go).
 const EventLoopsAuto = -1
+
+// loopsAutoMax is the most loops EventLoopsAuto makes.
+const loopsAutoMax = 8
 
 // Replies to a retrieval whose upstream failed, for --upstream-retrieval-failure.
 const (
@@ -150,7 +155,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	c.TLS.registerFlags(fs)
 	c.UpstreamTLS.registerFlags(fs)
 	c.EventLoops = EventLoopsAuto
-	fs.Var((*loopCount)(&c.EventLoops), "event-loops", "serve clients on this many event loops, each with its own upstream connections; -1 (auto): one loop")
+	fs.Var((*loopCount)(&c.EventLoops), "event-loops", "serve clients on this many event loops, each with its own upstream connections; -1 (auto): one per processor, up to 8, clients beginning on the first and those that read long replies spread over the others")
 	fs.IntVar(&c.MetricsTenants, "metrics-tenants", 20, "busiest tenants with per-tenant metrics of their own (the rest are counted as \"other\"); 0: no per-tenant metrics")
 }
 
@@ -292,7 +297,7 @@ func (n *loopCount) Set(s string) error {
 	case err != nil:
 		return errors.New("want a number of event loops: -1 (auto) or 1 to 256")
 	case v == 0:
-		return errors.New("0 (a goroutine per connection) is no longer offered: every client is served on an event loop; give -1 (auto: one loop) or 1 to 256")
+		return errors.New("0 (a goroutine per connection) is no longer offered: every client is served on an event loop; give -1 (auto) or 1 to 256")
 	}
 	*n = loopCount(v)
 	return nil

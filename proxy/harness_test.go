@@ -244,6 +244,9 @@ func serveProxy(tb testing.TB, cfg Config) (*Proxy, string, <-chan error) {
 // serveProxyLog is serveProxy with the proxy logging to log.
 func serveProxyLog(tb testing.TB, cfg Config, log *slog.Logger) (*Proxy, string, <-chan error) {
 	tb.Helper()
+	if loopMoveAlways.Load() && cfg.EventLoops >= 0 && cfg.EventLoops < 2 {
+		cfg.EventLoops = 2
+	}
 	p, err := New(cfg, "mcsidecar-test", log)
 	if err != nil {
 		tb.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -17,7 +18,14 @@ import (
 // call that never returned, a memcached whose waiter still runs. No
 // goroutine is ignored: everything the tests start (proxies, memcached
 // processes, fake upstreams, client readers) is stopped by a cleanup.
+//
+// MCSIDECAR_MOVE_ALWAYS=1 runs every test with two loops or more and moves
+// each client to the next loop whenever it has nothing owed (see
+// loopMoveAlways), so that every path runs across moves.
 func TestMain(m *testing.M) {
+	if os.Getenv("MCSIDECAR_MOVE_ALWAYS") != "" {
+		loopMoveAlways.Store(true)
+	}
 	goleak.VerifyTestMain(m)
 }
 

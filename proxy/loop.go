@@ -72,6 +72,11 @@ type loopState struct {
 	ups     map[*upstream.Server]*loopUpstream
 	upList  []*loopUpstream // ups' values, which OnPollEnd flushes
 	clients map[*loopClient]struct{}
+	// heavy counts the clients of the loop that read long replies, which
+	// other loops read too; moving, those that may move at the end of
+	// the poll (see loopmove.go).
+	heavy  atomic.Int32
+	moving []*loopClient
 	// held: the clients held back (loopClient.held), which OnPollEnd
 	// resumes once evloop holds few enough of their replies; heldSpare is
 	// the array the next pass fills.
@@ -261,8 +266,16 @@ func (l *eventLoops) close() {
 func (l *eventLoops) enroll(c *conn) error {
 	lc := &loopClient{c: c, last: time.Now()}
 	c.lc = lc
-	_, err := l.cli.Enroll(c.nc, lc)
+	_, err := l.enrollOn(c.nc, lc)
 	return err
+}
+
+// enrollOn hands nc to the loop it begins on.
+func (l *eventLoops) enrollOn(nc net.Conn, lc *loopClient) (*evloop.Conn, error) {
+	if l.p.firstLoop {
+		return l.cli.Loops()[0].Enroll(nc, lc)
+	}
+	return l.cli.Enroll(nc, lc)
 }
 
 // enrollTLS makes the TLS handshake of an accepted connection, whose
@@ -285,7 +298,7 @@ func (l *eventLoops) enrollTLS(c *conn, raw net.Conn, t *loopTLS) {
 		c.wakeMu.Lock()
 		c.nc, t.b.loop = raw, true
 		c.wakeMu.Unlock()
-		_, err = l.cli.Enroll(raw, lc)
+		_, err = l.enrollOn(raw, lc)
 	}
 	if err != nil {
 		c.logClose(err)
@@ -392,6 +405,9 @@ func (l *eventLoops) OnPollEnd(el *evloop.Loop) {
 			u.flush()
 			again = again || (gc != nil && u.gc != gc)
 		}
+	}
+	if len(ls.moving) > 0 {
+		ls.moveClients()
 	}
 	ls.nowTaken = false
 	ls.polls++

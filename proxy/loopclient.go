@@ -32,7 +32,12 @@ type loopClient struct {
 	unread    int         // bytes buffered that were already counted
 	last      time.Time
 	iov       []syscall.Iovec
-	tls       *loopTLS // the connection's TLS server, with --tls-cert-path
+	// replyMean is a moving mean of its retrievals' reply bytes; heavy,
+	// whether it counts as heavy on its loop, and moving, whether it is
+	// in the loop's moving (see loopmove.go).
+	replyMean     int
+	heavy, moving bool
+	tls           *loopTLS // the connection's TLS server, with --tls-cert-path
 	// What the client is owed (see output.go): the bytes its slots are
 	// charged, the bytes evloop held for it when last looked at, a key's
 	// share of its replies lately, at most, and the keys of the retrieval
@@ -582,6 +587,9 @@ func (lc *loopClient) takes(key []byte, kc keyCheck) bool {
 // dropped.
 func (lc *loopClient) closed() {
 	delete(lc.ls.clients, lc)
+	if lc.heavy {
+		lc.ls.heavy.Add(-1)
+	}
 	lc.dropPend()
 	lc.gc = nil
 	lc.abandon()

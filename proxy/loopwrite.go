@@ -71,7 +71,9 @@ func (lc *loopClient) written() {
 	}
 	if lc.buffered() > 0 {
 		lc.processHeld() // requests held back while too many replies were owed
+		return
 	}
+	lc.mayMove()
 }
 
 // loopOutMax is the most bytes of a client's replies evloop holds, written

@@ -27,6 +27,7 @@ type collector struct {
 	idleClosed  *prometheus.Desc
 	outClosed   *prometheus.Desc
 	readPauses  *prometheus.Desc
+	clientMoves *prometheus.Desc
 	bytesIn     *prometheus.Desc
 	bytesOut    *prometheus.Desc
 	keys        *prometheus.Desc
@@ -69,6 +70,7 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 		refusedConn: prometheus.NewDesc(ns+"_client_connections_refused_total", "Client connections closed at accept because the proxy was at --max-connections.", nil, nil),
 		idleClosed:  prometheus.NewDesc(ns+"_client_connections_idle_closed_total", "Client connections closed after --idle-timeout without a complete request.", nil, nil),
 		outClosed:   prometheus.NewDesc(ns+"_client_output_limit_closed_total", "Client connections closed after --idle-timeout with replies they had not read waiting in the proxy: held by an event loop (at --max-client-output-bytes, or for a socket that took no more). Counted in the idle closes too.", nil, nil),
+		clientMoves: prometheus.NewDesc(ns+"_client_loop_moves_total", "Client connections moved to another event loop, between two requests, because they read long replies and that loop had fewer such clients.", nil, nil),
 		readPauses:  prometheus.NewDesc(ns+"_client_read_pauses_total", "Times an event loop stopped reading a client's socket because the client had sent more requests than the loop lets wait (4 MiB) while replies were owed; reading resumes once half of them are answered.", nil, nil),
 		bytesIn:     prometheus.NewDesc(ns+"_client_read_bytes_total", "Bytes read from clients.", nil, nil),
 		bytesOut:    prometheus.NewDesc(ns+"_client_written_bytes_total", "Bytes written to clients.", nil, nil),
@@ -103,7 +105,7 @@ func (p *Proxy) Register(reg prometheus.Registerer) error {
 }
 
 func (m *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.requests, m.connections, m.accepted, m.refusedConn, m.idleClosed, m.outClosed, m.readPauses, m.bytesIn, m.bytesOut, m.keys,
+	for _, d := range []*prometheus.Desc{m.requests, m.connections, m.accepted, m.refusedConn, m.idleClosed, m.outClosed, m.readPauses, m.clientMoves, m.bytesIn, m.bytesOut, m.keys,
 		m.upRequests, m.upErrors, m.upOutOfStep, m.upServers, m.upGets, m.upGetKeys, m.refused, m.deleted, m.logical, m.stored,
 		m.readLogical, m.readStored, m.rewrites, m.rejected, m.unbound, m.zoneReads, m.zoneBytes, m.zoneFills, m.zoneWrites,
 		m.tierReads, m.tierEvicted, m.tierMutable, m.tierBytes, m.tierEntries, m.tierLimit} {
@@ -133,6 +135,7 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(m.idleClosed, s.ConnsIdleClosed.Load())
 	counter(m.outClosed, s.ConnsOutputClosed.Load())
 	counter(m.readPauses, s.ClientReadPauses.Load())
+	counter(m.clientMoves, s.ClientMoves.Load())
 	counter(m.bytesIn, s.BytesRead.Load())
 	counter(m.bytesOut, s.BytesWritten.Load())
 	counter(m.keys, s.GetHits.Load()+s.TouchHits.Load(), "hit")

@@ -98,6 +98,7 @@ func (lc *loopClient) charge(s *loopSlot, n int) {
 func (lc *loopClient) made(s *loopSlot) {
 	n := bufsLen(s.out)
 	lc.charge(s, n)
+	lc.noteReply(n)
 	keys := len(s.owners)
 	if s.id == wire.CmdMetaGet {
 		keys = 1

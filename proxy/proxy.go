@@ -56,6 +56,9 @@ type Proxy struct {
 	conns     map[*conn]struct{}
 	wg        sync.WaitGroup
 	loops     *eventLoops // made by the first Serve
+	// firstLoop: every client begins on the first loop (--event-loops
+	// -1, see loopmove.go), not on the one with the fewest.
+	firstLoop bool
 }
 
 // New validates cfg and builds a proxy over its upstream servers. No
@@ -67,7 +70,11 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.EventLoops <= 0 {
+	firstLoop := false
+	switch {
+	case cfg.EventLoops == EventLoopsAuto:
+		cfg.EventLoops, firstLoop = min(asideWorkers(), loopsAutoMax), true
+	case cfg.EventLoops <= 0:
 		cfg.EventLoops = 1
 	}
 	var err error
@@ -93,14 +100,15 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{
-		tls:     tlsCfg,
-		keys:    ks,
-		codec:   cd,
-		cfg:     cfg,
-		version: version,
-		log:     log,
-		stats:   stats.New(),
-		conns:   make(map[*conn]struct{}),
+		firstLoop: firstLoop,
+		tls:       tlsCfg,
+		keys:      ks,
+		codec:     cd,
+		cfg:       cfg,
+		version:   version,
+		log:       log,
+		stats:     stats.New(),
+		conns:     make(map[*conn]struct{}),
 	}
 	p.stats.Log = log
 	p.keyLine = wire.LineLimit

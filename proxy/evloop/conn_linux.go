@@ -182,6 +182,58 @@ func (c *Conn) setPaused(paused bool) {
 	}
 }
 
+// MoveTo hands the connection to loop dst, which handles it from its next
+// wait on; the handler's OnOpen runs there first, as for a connection
+// enrolled, and may change the Context. It must be called on the
+// connection's loop outside the connection's own callbacks (in OnPollEnd,
+// say), with nothing read and not discarded, nothing held to write, and
+// reading not paused. Once it returns nil the connection's old loop
+// handles nothing more of it; on an error the connection stays where it
+// is. What the peer sends meanwhile waits in the socket.
+func (c *Conn) MoveTo(dst *Loop) error {
+	src := c.loop
+	switch {
+	case dst == src:
+		return nil
+	case c.fd < 0 || c.closing:
+		return net.ErrClosed
+	case c.InboundBuffered() > 0 || c.OutboundBuffered() > 0 || c.paused || c.ended:
+		return ErrBusy
+	}
+	if err := unix.EpollCtl(src.epfd, unix.EPOLL_CTL_DEL, c.fd, nil); err != nil {
+		return os.NewSyscallError("epoll_ctl", err)
+	}
+	src.byFd[c.fd] = nil
+	err := dst.Execute(func() {
+		c.loop = dst
+		c.watchOut = false
+		if err := dst.open(c); err != nil {
+			// Not in dst's epoll set: closed, and the handler told.
+			dst.count.Add(1) // close takes it off again
+			if c.fd >= len(dst.byFd) {
+				dst.byFd = append(dst.byFd, make([]*Conn, c.fd+1-len(dst.byFd))...)
+			}
+			dst.byFd[c.fd] = c
+			c.close(err)
+		}
+	})
+	if err != nil {
+		// dst is stopping: the connection stays, as it was.
+		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(c.fd)}
+		if aerr := unix.EpollCtl(src.epfd, unix.EPOLL_CTL_ADD, c.fd, &ev); aerr != nil {
+			src.byFd[c.fd] = c
+			c.close(os.NewSyscallError("epoll_ctl", aerr))
+			return err
+		}
+		c.watchOut = false
+		src.byFd[c.fd] = c
+		return err
+	}
+	src.count.Add(-1)
+	dst.count.Add(1)
+	return nil
+}
+
 // Close closes the connection now: OnClose runs before Close returns, and
 // what the connection holds to write is written after it, as far as the
 // socket takes it without waiting. Closing a closed connection does

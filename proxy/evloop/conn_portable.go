@@ -53,6 +53,15 @@ type Conn struct {
 	closing bool // close has begun: OnClose is running or has run
 }
 
+// MoveTo is not offered by the portable poller, whose reader and writer
+// goroutines report to the loop they began on: the connection stays.
+func (c *Conn) MoveTo(dst *Loop) error {
+	if dst == c.loop {
+		return nil
+	}
+	return errors.ErrUnsupported
+}
+
 // Fd is -1: the portable poller has no descriptor to give.
 func (c *Conn) Fd() int { return -1 }
 

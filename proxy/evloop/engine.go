@@ -50,6 +50,9 @@ func (e *Engine) Enroll(nc net.Conn, ctx any) (*Conn, error) {
 	return best.Enroll(nc, ctx)
 }
 
+// Loops returns the engine's loops, in the order they were started.
+func (e *Engine) Loops() []*Loop { return e.loops }
+
 // Stop stops every loop and returns once they have stopped: the tasks
 // queued before it run, then each connection still open is closed, its
 // OnClose told nil. Execute and Enroll fail with ErrStopped from the

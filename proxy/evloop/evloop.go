@@ -92,6 +92,10 @@ type Config struct {
 
 const defaultReadBuffer = 64 << 10
 
+// ErrBusy is what Conn.MoveTo returns for a connection that holds bytes
+// read or to write, or is not being read.
+var ErrBusy = errors.New("evloop: connection busy")
+
 // ErrStopped is what Execute and Enroll return once the engine or the
 // loop stops.
 var ErrStopped = errors.New("evloop: stopped")

@@ -44,6 +44,7 @@ type Counters struct {
 	ConnsIdleClosed          atomic.Uint64 // closed by --idle-timeout
 	ConnsOutputClosed        atomic.Uint64 // of those, closed with replies left unread (see proxy/output.go)
 	ClientReadPauses         atomic.Uint64 // an event loop stopped reading a client (see proxy.loopUnreadMax)
+	ClientMoves              atomic.Uint64 // clients moved to another event loop (see proxy/loopmove.go)
 	Requests                 [wire.NumCommands][NumOutcomes]atomic.Uint64
 
 	// Values, when the codec is on: envelopes refused on read by reason

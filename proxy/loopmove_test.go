@@ -1,0 +1,75 @@
+package proxy
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"mcsidecar/proxy/evloop"
+)
+
+// TestHeavyClientsSpreadOverTheLoops: with --event-loops -1 every client
+// begins on the first loop; of four that read 100 values of 3 KB a
+// request, two move to the second loop between requests, the other two
+// and four that read one value stay, and every reply is right all along.
+func TestHeavyClientsSpreadOverTheLoops(t *testing.T) {
+	switch {
+	case asideWorkers() < 2:
+		t.Skip("one processor: --event-loops -1 makes one loop")
+	case loopMoveAlways.Load():
+		t.Skip("every client moves all the time")
+	case evloop.Poller != "epoll":
+		t.Skip("the portable poller moves no connection")
+	}
+	mc := startMemcached(t)
+	cfg := testConfig(mc)
+	cfg.EventLoops = EventLoopsAuto
+	p, addr := startProxy(t, cfg)
+
+	const keys = 100
+	value := func(i int) string { return fmt.Sprintf("%04d", i) + strings.Repeat("v", 3<<10) }
+	setter := newLineClient(t, addr)
+	var all, want strings.Builder
+	all.WriteString("get")
+	for i := range keys {
+		v := value(i)
+		if got := setter.do(fmt.Sprintf("set k%d 0 0 %d\r\n%s\r\n", i, len(v), v)); got != "STORED\r\n" {
+			t.Fatalf("set: %q", got)
+		}
+		fmt.Fprintf(&all, " k%d", i)
+		fmt.Fprintf(&want, "VALUE k%d 0 %d\r\n%s\r\n", i, len(v), v)
+	}
+	all.WriteString("\r\n")
+	want.WriteString("END\r\n")
+
+	var heavy, light []*lineClient
+	for range 4 {
+		heavy = append(heavy, newLineClient(t, addr))
+		light = append(light, newLineClient(t, addr))
+	}
+	for round := range 40 {
+		for i, c := range heavy {
+			if got := c.do(all.String()); got != want.String() {
+				t.Fatalf("round %d, heavy client %d: %d bytes, want %d", round, i, len(got), want.Len())
+			}
+		}
+		for i, c := range light {
+			k := (round*4 + i) % keys
+			v := value(k)
+			if got, want := c.do(fmt.Sprintf("get k%d\r\n", k)), fmt.Sprintf("VALUE k%d 0 %d\r\n%s\r\nEND\r\n", k, len(v), v); got != want {
+				t.Fatalf("round %d, light client %d: %q", round, i, short(got))
+			}
+		}
+	}
+
+	if moves := p.stats.ClientMoves.Load(); moves != 2 {
+		t.Errorf("%d clients moved, want 2", moves)
+	}
+	var counts []int32
+	for _, el := range p.loops.cli.Loops() {
+		counts = append(counts, p.loops.state(el).heavy.Load())
+	}
+	if counts[0] != 2 || counts[1] != 2 {
+		t.Errorf("heavy clients by loop %v, want 2 on each of the first two", counts)
+	}
+}
