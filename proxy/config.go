@@ -97,18 +97,19 @@ type Config struct {
 	MetricsTenants int
 
 	// EventLoops is how many event loops serve the clients (see
-	// loop.go); 0 means one, EventLoopsAuto one per processor.
+	// loop.go); 0 means one; EventLoopsAuto, see autoLoops.
 	EventLoops int
 }
 
 // EventLoopsAuto is the EventLoops (and --event-loops) that leaves the
-// count to the proxy: one loop per processor (GOMAXPROCS as the first proxy
-// of the process finds it), at most loopsAutoMax, every client beginning
-// on the first (see loopmove.go).
+// count to the proxy: see autoLoops.
 const EventLoopsAuto = -1
 
-// loopsAutoMax is the most loops EventLoopsAuto makes.
-const loopsAutoMax = 8
+// autoLoops is how many loops EventLoopsAuto makes: the first, where
+// every client begins and light ones stay, and one per processor
+// (GOMAXPROCS as the first proxy of the process finds it, at most 8) for
+// the clients that read long replies (see loopmove.go).
+func autoLoops() int { return 1 + min(asideWorkers(), 8) }
 
 // Replies to a retrieval whose upstream failed, for --upstream-retrieval-failure.
 const (
@@ -155,7 +156,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	c.TLS.registerFlags(fs)
 	c.UpstreamTLS.registerFlags(fs)
 	c.EventLoops = EventLoopsAuto
-	fs.Var((*loopCount)(&c.EventLoops), "event-loops", "serve clients on this many event loops, each with its own upstream connections; -1 (auto): one per processor, up to 8, clients beginning on the first and those that read long replies spread over the others")
+	fs.Var((*loopCount)(&c.EventLoops), "event-loops", "serve clients on this many event loops, each with its own upstream connections; -1 (auto): one for clients of short replies and one per processor, up to 8, for clients that read long ones")
 	fs.IntVar(&c.MetricsTenants, "metrics-tenants", 20, "busiest tenants with per-tenant metrics of their own (the rest are counted as \"other\"); 0: no per-tenant metrics")
 }
 

@@ -169,7 +169,7 @@ func TestEventLoopKeepsGetsAndSets(t *testing.T) {
 }
 
 // TestEventLoopByDefault: --event-loops -1, the flag's default, serves
-// clients on a loop per processor, at most loopsAutoMax.
+// clients on autoLoops() loops.
 func TestEventLoopByDefault(t *testing.T) {
 	up := startMemcached(t)
 	cfg := keyspaceConfig(up)
@@ -182,7 +182,7 @@ func TestEventLoopByDefault(t *testing.T) {
 	p.mu.Lock()
 	l := p.loops
 	p.mu.Unlock()
-	if l == nil || p.cfg.EventLoops != min(asideWorkers(), loopsAutoMax) {
+	if l == nil || p.cfg.EventLoops != autoLoops() {
 		t.Fatalf("--event-loops -1 serves on %d loops", p.cfg.EventLoops)
 	}
 	fs := pflag.NewFlagSet("proxy", pflag.ContinueOnError)

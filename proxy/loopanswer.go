@@ -256,7 +256,7 @@ func (s *loopSlot) finish() {
 	s.pending = 1
 	if need := s.openNeed(); need > 0 {
 		s.reserve(need)
-		if need >= loopOpenAsideMin && s.client.ls.l.aside(s) {
+		if need >= loopOpenAsideMin && s.client.ls.servesLight() && s.client.ls.l.aside(s) {
 			return // opened on a worker, which has the loop complete it
 		}
 		s.openAll(false)

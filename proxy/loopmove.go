@@ -6,8 +6,8 @@ import (
 	"mcsidecar/proxy/evloop"
 )
 
-// Clients that read long replies are spread over the loops; the others
-// stay where they are.
+// Clients that read long replies are spread over loops of their own; the
+// others stay together on the first.
 //
 // One loop reads, answers and writes every request of its clients on one
 // thread. For short requests that is the cheapest way there is: what the
@@ -20,18 +20,28 @@ import (
 // memcached and written to it by its loop, and on a busy machine one
 // thread, given one thread's share of the processors, is where every
 // such client waits (on the `dm` load, two loops served 1.48× the
-// requests of one at 0.9× the CPU a request).
+// requests of one at 0.9× the CPU a request). And a light request behind
+// a heavy one on the same loop waits for it.
 //
 // So a loop keeps count of its heavy clients, those whose retrievals'
-// replies have lately averaged loopHeavyReply bytes or more, and a heavy
-// client goes, between two requests (nothing owed, nothing unread), to
-// the loop with the fewest heavy clients when that has at least two
-// fewer than its own. With --event-loops -1 every client begins on the
-// first loop, so light clients stay together there.
+// replies have lately averaged loopHeavyReply bytes or more. With
+// --event-loops -1 every client begins on the first loop, which keeps
+// the light ones, and a heavy client leaves it, between two requests
+// (nothing owed, nothing unread), for the other loop with the fewest
+// heavy clients; one there moves again only to a loop with at least two
+// fewer than its own. With --event-loops N clients begin on the loop with
+// the fewest connections and heavy ones are balanced over all N the same
+// way. A loop of heavy clients only rebuilds their postings itself: only
+// a loop that serves light clients too gives that work to the workers
+// (see loopaside.go), at a lower priority than the loops'.
 
 // loopHeavyReply is the mean reply, in bytes, from which a client is heavy;
 // it is light again below half of it.
 const loopHeavyReply = 64 << 10
+
+// loopsMove: the poller moves connections between loops (epoll does, the
+// portable poller does not).
+const loopsMove = evloop.Poller == "epoll"
 
 // loopMoveAlways, for tests, moves every client to the next loop each time
 // it has nothing owed, heavy or not: every path then runs across moves.
@@ -54,7 +64,7 @@ func (lc *loopClient) noteReply(n int) {
 // mayMove has the loop look at the client at the end of the poll, when it
 // may move (see moveClients); the client has nothing owed.
 func (lc *loopClient) mayMove() {
-	if lc.moving || (!lc.heavy && !loopMoveAlways.Load()) || len(lc.ls.l.cli.Loops()) < 2 {
+	if lc.moving || (!lc.heavy && !loopMoveAlways.Load()) || !loopsMove || len(lc.ls.l.cli.Loops()) < 2 {
 		return
 	}
 	lc.moving = true
@@ -78,6 +88,9 @@ func (ls *loopState) moveClients() {
 	ls.moving = ls.moving[:0]
 }
 
+// servesLight reports whether the loop has clients other than heavy ones.
+func (ls *loopState) servesLight() bool { return int(ls.heavy.Load()) < len(ls.clients) }
+
 // idle reports whether the client can change loops: open over plain TCP,
 // reading, nothing owed, read or held on either side.
 func (lc *loopClient) idle() bool {
@@ -99,8 +112,12 @@ func (ls *loopState) moveTarget(lc *loopClient) *loopState {
 	}
 	var best *loopState
 	least := ls.heavy.Load() - 1 // at least two fewer than here
+	first := ls.l.p.firstLoop
+	if first && ls.el == loops[0] {
+		least = 1 << 30 // the first loop keeps no heavy client
+	}
 	for _, el := range loops {
-		if el == ls.el {
+		if el == ls.el || first && el == loops[0] {
 			continue
 		}
 		o := ls.l.state(el)

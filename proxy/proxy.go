@@ -73,7 +73,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Proxy, error) {
 	firstLoop := false
 	switch {
 	case cfg.EventLoops == EventLoopsAuto:
-		cfg.EventLoops, firstLoop = min(asideWorkers(), loopsAutoMax), true
+		cfg.EventLoops, firstLoop = autoLoops(), true
 	case cfg.EventLoops <= 0:
 		cfg.EventLoops = 1
 	}

@@ -388,7 +388,7 @@ func TestTLSUpstreamPipelined(t *testing.T) {
 	cfg.EventLoops = EventLoopsAuto
 	cfg.UpstreamTLS = UpstreamTLS{Enabled: true, CAPath: pki.caPath, CertPath: cliCert, KeyPath: cliKey}
 	p, addr := startProxy(t, cfg)
-	if want := min(asideWorkers(), loopsAutoMax); p.cfg.EventLoops != want {
+	if want := autoLoops(); p.cfg.EventLoops != want {
 		t.Fatalf("--event-loops -1 with upstream TLS serves on %d loops, want %d", p.cfg.EventLoops, want)
 	}
 
@@ -542,7 +542,7 @@ func TestTLSClientsOnTheLoop(t *testing.T) {
 	cfg.EventLoops = EventLoopsAuto
 	cfg.TLS = ServerTLS{CertPath: cert, KeyPath: key}
 	p, addr := startProxy(t, cfg)
-	if want := min(asideWorkers(), loopsAutoMax); p.cfg.EventLoops != want {
+	if want := autoLoops(); p.cfg.EventLoops != want {
 		t.Fatalf("--event-loops -1 with TLS to clients serves on %d loops, want %d", p.cfg.EventLoops, want)
 	}
 
