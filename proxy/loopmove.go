@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"sync/atomic"
 
 	"mcsidecar/proxy/evloop"
@@ -128,25 +129,30 @@ func (ls *loopState) moveTarget(lc *loopClient) *loopState {
 	return best
 }
 
-// move hands the client to the loop dst; on an error it stays.
+// move hands the client to the loop dst. When that fails it stays, or,
+// short of being busy, is closed: the loop is stopping, or epoll failed.
 func (ls *loopState) move(lc *loopClient, dst *loopState) {
 	delete(ls.clients, lc)
 	if lc.heavy {
 		ls.heavy.Add(-1)
 		dst.heavy.Add(1)
 	}
-	lc.ls = dst // OnOpen, on dst, takes it in
-	if err := lc.gc.MoveTo(dst.el); err != nil {
-		lc.ls = ls
-		ls.clients[lc] = struct{}{}
-		if lc.heavy {
-			dst.heavy.Add(-1)
-			ls.heavy.Add(1)
-		}
-		if err != evloop.ErrBusy {
-			ls.l.p.log.Debug("client stays on its loop", "err", err)
-		}
+	// OnOpen on dst takes it in; should dst fail to, its OnClose runs
+	// there, with the client dst's.
+	lc.ls = dst
+	err := lc.gc.MoveTo(dst.el)
+	if err == nil {
+		ls.l.p.stats.ClientMoves.Add(1)
 		return
 	}
-	ls.l.p.stats.ClientMoves.Add(1)
+	lc.ls = ls
+	ls.clients[lc] = struct{}{}
+	if lc.heavy {
+		dst.heavy.Add(-1)
+		ls.heavy.Add(1)
+	}
+	if !errors.Is(err, evloop.ErrBusy) {
+		ls.l.p.log.Debug("client closed: it could not move to another loop", "err", err)
+		lc.gc.Close()
+	}
 }

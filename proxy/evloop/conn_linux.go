@@ -3,6 +3,7 @@
 package evloop
 
 import (
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -188,8 +189,9 @@ func (c *Conn) setPaused(paused bool) {
 // connection's loop outside the connection's own callbacks (in OnPollEnd,
 // say), with nothing read and not discarded, nothing held to write, and
 // reading not paused. Once it returns nil the connection's old loop
-// handles nothing more of it; on an error the connection stays where it
-// is. What the peer sends meanwhile waits in the socket.
+// handles nothing more of it; on an error the connection stays on its
+// loop, where Close closes it (other than ErrBusy, an error may leave it
+// unwatched). What the peer sends meanwhile waits in the socket.
 func (c *Conn) MoveTo(dst *Loop) error {
 	src := c.loop
 	switch {
@@ -218,15 +220,14 @@ func (c *Conn) MoveTo(dst *Loop) error {
 		}
 	})
 	if err != nil {
-		// dst is stopping: the connection stays, as it was.
+		// dst is stopping: the connection stays, as it was, unless
+		// putting it back fails too (then only Close is left).
+		src.byFd[c.fd] = c
 		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(c.fd)}
 		if aerr := unix.EpollCtl(src.epfd, unix.EPOLL_CTL_ADD, c.fd, &ev); aerr != nil {
-			src.byFd[c.fd] = c
-			c.close(os.NewSyscallError("epoll_ctl", aerr))
-			return err
+			return errors.Join(err, os.NewSyscallError("epoll_ctl", aerr))
 		}
 		c.watchOut = false
-		src.byFd[c.fd] = c
 		return err
 	}
 	src.count.Add(-1)
