@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -432,7 +433,10 @@ func TestEventLoopLongValueReservesWhatArrives(t *testing.T) {
 	// reserved sums, over the clients, the buffers their requests are
 	// gathered in of their own, and got the bytes they sent.
 	reserved := func() (reserved, got int) {
+		var mu sync.Mutex // with two loops or more, asked on each at once
 		onLoop(t, p, func(lc *loopClient) bool {
+			mu.Lock()
+			defer mu.Unlock()
 			reserved += cap(lc.pend)
 			got += lc.buffered()
 			return false

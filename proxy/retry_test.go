@@ -90,6 +90,9 @@ func (f *cutForwarder) relay(pc net.Conn) {
 // is not repeated either: the event loop fails what was in flight on a
 // lost connection, so the get may miss.
 func TestALostReplyIsNotAppliedTwice(t *testing.T) {
+	if loopMoveAlways.Load() {
+		t.Skip("the request cut must go on the connection the warm-up opened")
+	}
 	mc := startMemcached(t)
 	f := newCutForwarder(t, mc)
 	direct := newLineClient(t, mc)
