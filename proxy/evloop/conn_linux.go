@@ -212,10 +212,7 @@ func (c *Conn) MoveTo(dst *Loop) error {
 		if err := dst.open(c); err != nil {
 			// Not in dst's epoll set: closed, and the handler told.
 			dst.count.Add(1) // close takes it off again
-			if c.fd >= len(dst.byFd) {
-				dst.byFd = append(dst.byFd, make([]*Conn, c.fd+1-len(dst.byFd))...)
-			}
-			dst.byFd[c.fd] = c
+			dst.keep(c)
 			c.close(err)
 		}
 	})

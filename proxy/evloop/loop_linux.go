@@ -162,14 +162,19 @@ func (l *Loop) open(c *Conn) error {
 	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, c.fd, &ev); err != nil {
 		return os.NewSyscallError("epoll_ctl", err)
 	}
-	if c.fd >= len(l.byFd) {
-		l.byFd = append(l.byFd, make([]*Conn, c.fd+1-len(l.byFd))...)
-	}
-	l.byFd[c.fd] = c
+	l.keep(c)
 	if l.h.OnOpen(c) == Close {
 		c.close(nil)
 	}
 	return nil
+}
+
+// keep files c under its descriptor, where events find it.
+func (l *Loop) keep(c *Conn) {
+	if c.fd >= len(l.byFd) {
+		l.byFd = append(l.byFd, make([]*Conn, c.fd+1-len(l.byFd))...)
+	}
+	l.byFd[c.fd] = c
 }
 
 // run waits for events and handles them until the loop stops.
