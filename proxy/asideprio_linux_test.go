@@ -21,7 +21,30 @@ func TestWorkersRunBelowTheLoops(t *testing.T) {
 	if got := runtime.GOMAXPROCS(0); got != 2*n {
 		t.Errorf("GOMAXPROCS is %d with %d workers, want %d", got, n, 2*n)
 	}
-	want := min(19, niceOf(t, "/proc/self/stat")+asideNice)
+	want := min(19, processNice(t)+asideNice)
+	if lowered := waitThreadsAt(t, want, n); lowered < n {
+		t.Errorf("%d threads at nice %d, want at least the %d workers'", lowered, want, n)
+	}
+}
+
+// TestHeavyLoopsRunBelowTheFirst: with --event-loops -1, each loop but the
+// first has a thread of its own at a nice value heavyNice above the
+// process's.
+func TestHeavyLoopsRunBelowTheFirst(t *testing.T) {
+	cfg := testConfig(startMemcached(t))
+	cfg.EventLoops = EventLoopsAuto
+	startProxy(t, cfg)
+	n := autoLoops() - 1
+	want := min(19, processNice(t)+heavyNice)
+	if lowered := waitThreadsAt(t, want, n); lowered < n {
+		t.Errorf("%d threads at nice %d, want at least the %d heavy loops'", lowered, want, n)
+	}
+}
+
+// waitThreadsAt waits up to 5 s for n of the process's threads to run at
+// nice value nice, and returns how many do.
+func waitThreadsAt(t *testing.T, nice, n int) int {
+	t.Helper()
 	var lowered int
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		tasks, err := filepath.Glob("/proc/self/task/*/stat")
@@ -30,15 +53,25 @@ func TestWorkersRunBelowTheLoops(t *testing.T) {
 		}
 		lowered = 0
 		for _, f := range tasks {
-			if niceOf(t, f) == want {
+			if niceOf(t, f) == nice {
 				lowered++
 			}
 		}
 		if lowered >= n {
-			return
+			break
 		}
 	}
-	t.Errorf("%d threads at nice %d, want at least the %d workers'", lowered, want, n)
+	return lowered
+}
+
+// processNice is the nice value the process's threads begin with: the
+// calling goroutine's thread's, which is none of the lowered ones (a
+// lowered thread runs only its loop or worker, and is ended or, if it is
+// the main thread, left idle with it).
+func processNice(t *testing.T) int {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return niceOf(t, "/proc/thread-self/stat")
 }
 
 // niceOf reads the nice value from a /proc stat file: the 19th field,

@@ -2,8 +2,10 @@
 
 package proxy
 
-// lowersPriority: elsewhere than on Linux the workers run at the loops'
-// priority.
+// lowersPriority: elsewhere than on Linux the workers and every loop run
+// at the process's priority.
 const lowersPriority = false
 
-func lowerPriority() {}
+const asideNice, heavyNice = 0, 0
+
+func lowerPriority(int) {}

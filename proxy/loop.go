@@ -77,6 +77,9 @@ type loopState struct {
 	// the poll (see loopmove.go).
 	heavy  atomic.Int32
 	moving []*loopClient
+	// heavyOnly: the loop is one of those that, with --event-loops -1,
+	// serve heavy clients only; a client turned light leaves it.
+	heavyOnly bool
 	// held: the clients held back (loopClient.held), which OnPollEnd
 	// resumes once evloop holds few enough of their replies; heldSpare is
 	// the array the next pass fills.
@@ -225,6 +228,11 @@ func newEventLoops(p *Proxy) (*eventLoops, error) {
 	}
 	l.cli = cli
 	l.openers.start()
+	if p.firstLoop && loopsMove {
+		for _, el := range cli.Loops()[1:] {
+			el.Execute(l.state(el).serveHeavyOnly)
+		}
+	}
 	go l.tick()
 	return l, nil
 }

@@ -76,7 +76,7 @@ func (o *openers) run() {
 		// The thread is the worker's for good: the runtime ends it
 		// with the worker, and runs nothing else on it.
 		runtime.LockOSThread()
-		lowerPriority()
+		lowerPriority(asideNice)
 	}
 	for s := range o.work {
 		s.openAll(true)

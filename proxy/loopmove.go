@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"runtime"
 	"sync/atomic"
 
 	"mcsidecar/proxy/evloop"
@@ -30,7 +31,10 @@ import (
 // the light ones, and a heavy client leaves it, between two requests
 // (nothing owed, nothing unread), for the other loop with the fewest
 // heavy clients; one there moves again only to a loop with at least two
-// fewer than its own. With --event-loops N clients begin on the loop with
+// fewer than its own, and one turned light goes back to the first. Those
+// other loops run at a lower OS priority than the first (heavyNice): on a
+// busy machine the kernel runs the light clients' loop first, and a light
+// request waits less behind the heavy ones of other clients. With --event-loops N clients begin on the loop with
 // the fewest connections and heavy ones are balanced over all N the same
 // way. A loop of heavy clients only rebuilds their postings itself: only
 // a loop that serves light clients too gives that work to the workers
@@ -65,7 +69,7 @@ func (lc *loopClient) noteReply(n int) {
 // mayMove has the loop look at the client at the end of the poll, when it
 // may move (see moveClients); the client has nothing owed.
 func (lc *loopClient) mayMove() {
-	if lc.moving || (!lc.heavy && !loopMoveAlways.Load()) || !loopsMove || len(lc.ls.l.cli.Loops()) < 2 {
+	if lc.moving || (!lc.heavy && !lc.ls.heavyOnly && !loopMoveAlways.Load()) || !loopsMove || len(lc.ls.l.cli.Loops()) < 2 {
 		return
 	}
 	lc.moving = true
@@ -89,6 +93,17 @@ func (ls *loopState) moveClients() {
 	ls.moving = ls.moving[:0]
 }
 
+// serveHeavyOnly, on the loop's goroutine before it has clients, makes it
+// a loop of heavy clients only, whose thread runs at a lower priority for
+// the rest of its life: the runtime ends the thread with the loop.
+func (ls *loopState) serveHeavyOnly() {
+	ls.heavyOnly = true
+	if lowersPriority {
+		runtime.LockOSThread()
+		lowerPriority(heavyNice)
+	}
+}
+
 // servesLight reports whether the loop has clients other than heavy ones.
 func (ls *loopState) servesLight() bool { return int(ls.heavy.Load()) < len(ls.clients) }
 
@@ -108,6 +123,12 @@ func (ls *loopState) moveTarget(lc *loopClient) *loopState {
 			if el == ls.el {
 				return ls.l.state(loops[(i+1)%len(loops)])
 			}
+		}
+		return nil
+	}
+	if !lc.heavy {
+		if ls.heavyOnly {
+			return ls.l.state(loops[0])
 		}
 		return nil
 	}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"mcsidecar/proxy/evloop"
 )
@@ -12,7 +13,8 @@ import (
 // TestHeavyClientsSpreadOverTheLoops: with --event-loops -1 every client
 // begins on the first loop; four that read 100 values of 3 KB a request
 // leave it between requests, spread evenly over the other loops, four
-// that read one value stay, and every reply is right all along.
+// that read one value stay, and every reply is right all along. When the
+// four go on to read one value a request, they go back to the first loop.
 func TestHeavyClientsSpreadOverTheLoops(t *testing.T) {
 	switch {
 	case loopMoveAlways.Load():
@@ -74,5 +76,22 @@ func TestHeavyClientsSpreadOverTheLoops(t *testing.T) {
 	}
 	if spread := slices.Max(counts[1:]) - slices.Min(counts[1:]); counts[0] != 0 || sum != 4 || spread > 1 {
 		t.Errorf("heavy clients by loop %v, want none on the first and the rest even", counts)
+	}
+
+	// A mean of 300 KB falls under 32 KB after 17 replies of 3 KB.
+	for round := range 30 {
+		for i, c := range heavy {
+			k := (round*4 + i) % keys
+			v := value(k)
+			if got, want := c.do(fmt.Sprintf("get k%d\r\n", k)), fmt.Sprintf("VALUE k%d 0 %d\r\n%s\r\nEND\r\n", k, len(v), v); got != want {
+				t.Fatalf("round %d, formerly heavy client %d: %q", round, i, short(got))
+			}
+		}
+	}
+	if !waitFor(5*time.Second, func() bool { return p.stats.ClientMoves.Load() == 8 }) {
+		t.Errorf("%d clients moved, want 8: each heavy one back to the first loop", p.stats.ClientMoves.Load())
+	}
+	if onLoop(t, p, func(lc *loopClient) bool { return lc.ls.heavyOnly || lc.heavy }) {
+		t.Error("a client turned light stayed on a loop of heavy clients")
 	}
 }
