@@ -34,9 +34,9 @@ import (
 // fewer than its own, and one turned light goes back to the first. Those
 // other loops run at a lower OS priority than the first (heavyNice): on a
 // busy machine the kernel runs the light clients' loop first, and a light
-// request waits less behind the heavy ones of other clients. With --event-loops N clients begin on the loop with
-// the fewest connections and heavy ones are balanced over all N the same
-// way. A loop of heavy clients only rebuilds their postings itself: only
+// request waits less behind the heavy ones of other clients. With
+// --event-loops N clients begin on the loop with the fewest connections
+// and heavy ones are balanced over all N the same way. A loop of heavy clients only rebuilds their postings itself: only
 // a loop that serves light clients too gives that work to the workers
 // (see loopaside.go), at a lower priority than the loops'.
 
