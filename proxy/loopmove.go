@@ -36,9 +36,10 @@ import (
 // busy machine the kernel runs the light clients' loop first, and a light
 // request waits less behind the heavy ones of other clients. With
 // --event-loops N clients begin on the loop with the fewest connections
-// and heavy ones are balanced over all N the same way. A loop of heavy clients only rebuilds their postings itself: only
-// a loop that serves light clients too gives that work to the workers
-// (see loopaside.go), at a lower priority than the loops'.
+// and heavy ones are balanced over all N the same way. A loop of heavy
+// clients only rebuilds their postings itself: only a loop that serves
+// light clients too gives that work to the workers (see loopaside.go),
+// at a lower priority than the loops'.
 
 // loopHeavyReply is the mean reply, in bytes, from which a client is heavy;
 // it is light again below half of it.

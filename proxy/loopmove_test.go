@@ -43,6 +43,17 @@ func TestHeavyClientsSpreadOverTheLoops(t *testing.T) {
 	all.WriteString("\r\n")
 	want.WriteString("END\r\n")
 
+	// getOne has each client get one value, a different key each.
+	getOne := func(clients []*lineClient, round int, who string) {
+		t.Helper()
+		for i, c := range clients {
+			k := (round*4 + i) % keys
+			v := value(k)
+			if got, want := c.do(fmt.Sprintf("get k%d\r\n", k)), fmt.Sprintf("VALUE k%d 0 %d\r\n%s\r\nEND\r\n", k, len(v), v); got != want {
+				t.Fatalf("round %d, %s %d: %q", round, who, i, short(got))
+			}
+		}
+	}
 	var heavy, light []*lineClient
 	for range 4 {
 		heavy = append(heavy, newLineClient(t, addr))
@@ -54,13 +65,7 @@ func TestHeavyClientsSpreadOverTheLoops(t *testing.T) {
 				t.Fatalf("round %d, heavy client %d: %d bytes, want %d", round, i, len(got), want.Len())
 			}
 		}
-		for i, c := range light {
-			k := (round*4 + i) % keys
-			v := value(k)
-			if got, want := c.do(fmt.Sprintf("get k%d\r\n", k)), fmt.Sprintf("VALUE k%d 0 %d\r\n%s\r\nEND\r\n", k, len(v), v); got != want {
-				t.Fatalf("round %d, light client %d: %q", round, i, short(got))
-			}
-		}
+		getOne(light, round, "light client")
 	}
 
 	if moves := p.stats.ClientMoves.Load(); moves != 4 {
@@ -80,13 +85,7 @@ func TestHeavyClientsSpreadOverTheLoops(t *testing.T) {
 
 	// A mean of 300 KB falls under 32 KB after 17 replies of 3 KB.
 	for round := range 30 {
-		for i, c := range heavy {
-			k := (round*4 + i) % keys
-			v := value(k)
-			if got, want := c.do(fmt.Sprintf("get k%d\r\n", k)), fmt.Sprintf("VALUE k%d 0 %d\r\n%s\r\nEND\r\n", k, len(v), v); got != want {
-				t.Fatalf("round %d, formerly heavy client %d: %q", round, i, short(got))
-			}
-		}
+		getOne(heavy, round, "formerly heavy client")
 	}
 	if !waitFor(5*time.Second, func() bool { return p.stats.ClientMoves.Load() == 8 }) {
 		t.Errorf("%d clients moved, want 8: each heavy one back to the first loop", p.stats.ClientMoves.Load())
