@@ -46,8 +46,10 @@
 # items (values read or written) per second, CPU microseconds per request
 # of the server loadgen talks to (for twemproxy and the proxy, plus that
 # of the memcached servers behind them) and the latency of the gets, the
-# batches, p50 and p99. Any wrong value or protocol error seen by loadgen
-# fails the script.
+# batches, p50 and p99. A third gives, for each load, the ratios
+# proxy/twemproxy of throughput, CPU per request and batch p99 round by
+# round: their median, lowest and highest. Any wrong value or protocol
+# error seen by loadgen fails the script.
 #
 # Load 3 has no direct memcached figure ("n/a"): loadgen talks to one
 # address, so it cannot split a get over four servers as a client of them
@@ -664,4 +666,24 @@ for l in "${loads[@]}"; do
 		row+=" $(cell "${late_n[$l,memcached]:-}" '%.0f') / $(cell "${late_n[$l,twemproxy]:-}" '%.0f') / $(cell "${late_n[$l,proxy]:-}" '%.0f') |"
 	fi
 	echo "$row"
+done
+
+# spread prints the median, lowest and highest of the ratios of the
+# figures $1 to the figures $2, round by round.
+spread() {
+	paste -d' ' <(tr ' ' '\n' <<<"$1" | awk 'NF') <(tr ' ' '\n' <<<"$2" | awk 'NF') |
+		awk '$2 > 0 { print $1 / $2 }' | sort -g |
+		awk '{ v[NR] = $1 } END { if (NR == 0) { print "n/a"; exit } m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.2f (%.2f–%.2f)", m, v[1], v[NR] }'
+}
+# The same comparisons round by round: each round's twemproxy and proxy
+# runs came back to back, on the machine as it was then, so their ratio
+# is steadier than the ratio of medians above when the machine's speed
+# drifts between rounds.
+echo
+echo "proxy / twemproxy in each round: median of the $ROUNDS rounds' ratios (lowest–highest):"
+echo
+echo "| load | throughput | CPU µs/req | batch p99 |"
+echo "|---|---|---|---|"
+for l in "${loads[@]}"; do
+	echo "| $(describe "$l") | $(spread "${results[$l,proxy]}" "${results[$l,twemproxy]}") | $(spread "${cpu_req[$l,proxy]:-}" "${cpu_req[$l,twemproxy]:-}") | $(spread "${bp99[$l,proxy]:-}" "${bp99[$l,twemproxy]:-}") |"
 done
