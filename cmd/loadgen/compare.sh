@@ -671,9 +671,13 @@ done
 # spread prints the median, lowest and highest of the ratios of the
 # figures $1 to the figures $2, round by round.
 spread() {
-	paste -d' ' <(tr ' ' '\n' <<<"$1" | awk 'NF') <(tr ' ' '\n' <<<"$2" | awk 'NF') |
-		awk '$2 > 0 { print $1 / $2 }' | sort -g |
-		awk '{ v[NR] = $1 } END { if (NR == 0) { print "n/a"; exit } m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.2f (%.2f–%.2f)", m, v[1], v[NR] }'
+	local r
+	r=$(paste -d' ' <(tr ' ' '\n' <<<"$1" | awk 'NF') <(tr ' ' '\n' <<<"$2" | awk 'NF') | awk '$2 > 0 { print $1 / $2 }' | sort -g)
+	if [[ -z $r ]]; then
+		echo n/a
+		return
+	fi
+	printf '%s (%s–%s)' "$(fmt "$(median "$r")" '%.2f')" "$(fmt "$(head -1 <<<"$r")" '%.2f')" "$(fmt "$(tail -1 <<<"$r")" '%.2f')"
 }
 # The same comparisons round by round: each round's twemproxy and proxy
 # runs came back to back, on the machine as it was then, so their ratio
